@@ -1,0 +1,77 @@
+"""Messages carried on NATS. Every message names its schema version in ``v`` so a
+consumer can refuse (visibly) what it does not understand instead of misreading it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class StructuredOutput(BaseModel):
+    """A `text.format` constraint handed to the engine."""
+
+    kind: Literal["json_schema", "json_object"]
+    json_schema: dict | None = None
+
+
+class SamplingParams(BaseModel):
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    structured_output: StructuredOutput | None = None
+
+
+class GenerationRequest(BaseModel):
+    """Work for a generation worker: published once per response on ``<ns>.gen.<model>``."""
+
+    v: Literal[1] = 1
+    response_id: str
+    model: str
+    attempt: int = 0
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class TokenBatch(BaseModel):
+    """A run of output tokens, coalesced by the worker. ``batch_no`` counts from 0 per attempt."""
+
+    kind: Literal["tokens"] = "tokens"
+    v: Literal[1] = 1
+    response_id: str
+    attempt: int
+    batch_no: int
+    token_ids: list[int]
+    # Parallel to token_ids when the request asked for logprobs.
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+class GenerationEnded(BaseModel):
+    """The last message of an attempt: why it stopped and what it cost."""
+
+    kind: Literal["ended"] = "ended"
+    v: Literal[1] = 1
+    response_id: str
+    attempt: int
+    batch_count: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+TokenStreamMessage = Annotated[Union[TokenBatch, GenerationEnded], Field(discriminator="kind")]
+token_stream_message = TypeAdapter(TokenStreamMessage)
+
+
+class CancelOrder(BaseModel):
+    v: Literal[1] = 1
+    response_id: str

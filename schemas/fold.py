@@ -1,0 +1,55 @@
+"""Rebuilds a Response snapshot from its stream events (pure).
+
+Lifecycle events (``response.created`` / ``in_progress`` / terminal) give the response
+fields and status; the output is rebuilt from the item events alone, so a fold that
+agrees with the terminal event's snapshot proves the item events told the whole story."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable
+
+_LIFECYCLE = {
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+}
+_TEXT_DELTAS = {"response.output_text.delta", "response.reasoning_text.delta"}
+_TEXT_DONES = {"response.output_text.done": "text", "response.reasoning_text.done": "text"}
+
+
+def fold(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    snapshot: dict[str, Any] | None = None
+    output: list[dict[str, Any]] = []
+    for event in events:
+        kind = event["type"]
+        if kind in _LIFECYCLE:
+            snapshot = {key: value for key, value in event["response"].items() if key != "output"}
+        elif kind in ("response.output_item.added", "response.output_item.done"):
+            item = copy.deepcopy(event["item"])
+            index = event["output_index"]
+            if index == len(output):
+                output.append(item)
+            else:
+                output[index] = item
+        elif kind == "response.content_part.added":
+            output[event["output_index"]].setdefault("content", []).append(copy.deepcopy(event["part"]))
+        elif kind == "response.content_part.done":
+            output[event["output_index"]]["content"][event["content_index"]] = copy.deepcopy(event["part"])
+        elif kind in _TEXT_DELTAS:
+            part = output[event["output_index"]]["content"][event["content_index"]]
+            part["text"] += event["delta"]
+            if event.get("logprobs"):
+                part.setdefault("logprobs", []).extend(event["logprobs"])
+        elif kind in _TEXT_DONES:
+            output[event["output_index"]]["content"][event["content_index"]]["text"] = event["text"]
+        elif kind == "response.function_call_arguments.delta":
+            output[event["output_index"]]["arguments"] += event["delta"]
+        elif kind == "response.function_call_arguments.done":
+            output[event["output_index"]]["arguments"] = event["arguments"]
+    if snapshot is None:
+        return None
+    return {**snapshot, "output": output}

@@ -1,0 +1,67 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def _param_from_location(location: tuple) -> str | None:
+    parts = [str(p) for p in location if p not in ("body", "query", "path")]
+    if not parts:
+        return None
+    param = parts[0]
+    for part in parts[1:]:
+        param += f"[{part}]" if part.isdigit() else f".{part}"
+    return param
+
+
+async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status)
+
+
+async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    param = _param_from_location(tuple(first.get("loc", ())))
+    if first.get("type") == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    elif first.get("type") in ("json_invalid", "model_attributes_type"):
+        message = "The request body is not valid JSON." if first.get("type") == "json_invalid" else (
+            "The request body must be a JSON object."
+        )
+        param = None
+    elif first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
+    code = "unknown_parameter" if first.get("type") == "extra_forbidden" else (
+        "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+    )
+    return JSONResponse(error_body(400, message, param, code), status_code=400)
+
+
+async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+
+async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body(500, "The server had an error while processing your request."), status_code=500)

@@ -1,0 +1,130 @@
+"""From a validated request to what gets recorded and published (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from openai_harmony import HarmonyEncoding
+
+from schemas.api import CreateResponseRequest
+from schemas.bus import GenerationRequest, SamplingParams, StructuredOutput
+from schemas.events import LoggedEvent
+from schemas.ids import derived_id
+from schemas.responses import ParseContext
+from services.api.render import InvalidInput, render_prompt
+from services.api.store import NewResponse
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+@dataclass(frozen=True)
+class ResponsePlan:
+    record: NewResponse
+    first_events: list[LoggedEvent]
+    generation: GenerationRequest
+
+
+def _input_items(request: CreateResponseRequest, response_id: str) -> list[dict[str, Any]]:
+    if isinstance(request.input, str):
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": request.input}]}]
+    else:
+        items = [dict(item) for item in request.input]
+    for position, item in enumerate(items):
+        item.setdefault("type", "message")
+        item.setdefault("id", derived_id("msg" if item["type"] == "message" else "item", response_id, -1 - position))
+    return items
+
+
+def _structured_output(request: CreateResponseRequest) -> StructuredOutput | None:
+    fmt = request.text.format if request.text else None
+    if not fmt or fmt.get("type") in (None, "text"):
+        return None
+    if fmt["type"] == "json_object":
+        return StructuredOutput(kind="json_object")
+    if fmt["type"] == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise InvalidInput("text.format of type json_schema needs a schema object", "text.format.schema")
+        return StructuredOutput(kind="json_schema", json_schema=fmt["schema"])
+    raise InvalidInput(f"unsupported text.format type {fmt['type']!r}", "text.format.type")
+
+
+def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
+    """The Response object as created; every later snapshot starts from it."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": request.background,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata or {},
+        "model": request.model,
+        "output": [],
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
+        "reasoning": {
+            "effort": request.reasoning.effort if request.reasoning else None,
+            "summary": request.reasoning.summary if request.reasoning else None,
+        },
+        "safety_identifier": request.safety_identifier,
+        "store": request.store,
+        "temperature": request.temperature if request.temperature is not None else 1.0,
+        "text": {"format": (request.text.format if request.text and request.text.format else {"type": "text"})},
+        "tool_choice": request.tool_choice,
+        "tools": request.tools,
+        "top_logprobs": request.top_logprobs,
+        "top_p": request.top_p if request.top_p is not None else 1.0,
+        "truncation": request.truncation or "disabled",
+        "usage": None,
+        "user": request.user,
+    }
+
+
+def plan_response(
+    request: CreateResponseRequest,
+    response_id: str,
+    tenant_id: str,
+    created_at: int,
+    encoding: HarmonyEncoding,
+) -> ResponsePlan:
+    prompt = render_prompt(encoding, request, created_at)
+    status = "queued" if request.background else "in_progress"
+    snapshot = base_snapshot(request, response_id, created_at, status)
+    include = set(request.include or [])
+    wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
+    sampling = SamplingParams(
+        max_tokens=request.max_output_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_logprobs=(request.top_logprobs or 0) if wants_logprobs else None,
+        seed=request.seed,
+        stop_token_ids=encoding.stop_tokens_for_assistant_actions(),
+        structured_output=_structured_output(request),
+    )
+    created = {"type": "response.created", "sequence_number": 0, "response": snapshot}
+    record = NewResponse(
+        response_id=response_id,
+        tenant_id=tenant_id,
+        model=request.model,
+        status=status,
+        background=request.background,
+        store=request.store,
+        previous_response_id=request.previous_response_id,
+        request=request.model_dump(mode="json", exclude_none=True),
+        parse_context=ParseContext(include_logprobs=wants_logprobs).model_dump(),
+        base_snapshot=snapshot,
+        input_items=_input_items(request, response_id),
+    )
+    return ResponsePlan(
+        record=record,
+        first_events=[LoggedEvent(seq=0, type="response.created", payload=orjson.dumps(created).decode())],
+        generation=GenerationRequest(
+            response_id=response_id, model=request.model, prompt_token_ids=prompt, sampling=sampling
+        ),
+    )

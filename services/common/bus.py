@@ -1,0 +1,139 @@
+"""NATS naming and set-up shared by every service.
+
+Subjects (``ns`` is the deployment namespace):
+  ``ns.gen.<model>``                 GenerationRequest, work-queue stream ``NS_GEN``
+  ``ns.tokens.<p>.<response_id>``    TokenBatch / GenerationEnded, stream ``NS_TOKENS``
+  ``ns.cancel.<response_id>``        CancelOrder, core NATS
+  ``ns.events.<response_id>``        CommittedEvents, core NATS
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+
+log = logging.getLogger(__name__)
+
+# How long a consumer waits for an ack (or an in-progress heartbeat) before redelivering.
+ACK_WAIT_S = 30.0
+# Token messages are only needed until the parser has committed them; keep them a while
+# longer so an operator can inspect a stuck response.
+TOKENS_MAX_AGE_S = 24 * 3600
+DUPLICATE_WINDOW_S = 120
+
+
+def model_token(model: str) -> str:
+    """A model name made safe for one NATS subject token."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", model)
+
+
+def partition_of(response_id: str, partitions: int) -> int:
+    return zlib.crc32(response_id.encode()) % partitions
+
+
+@dataclass(frozen=True)
+class Names:
+    namespace: str
+    token_partitions: int
+
+    @property
+    def gen_stream(self) -> str:
+        return f"{self.namespace.upper()}_GEN"
+
+    @property
+    def tokens_stream(self) -> str:
+        return f"{self.namespace.upper()}_TOKENS"
+
+    def gen_subject(self, model: str) -> str:
+        return f"{self.namespace}.gen.{model_token(model)}"
+
+    def worker_consumer(self, model: str) -> str:
+        return f"worker-{model_token(model)}"
+
+    def tokens_subject(self, response_id: str) -> str:
+        return f"{self.namespace}.tokens.{partition_of(response_id, self.token_partitions)}.{response_id}"
+
+    def tokens_partition_filter(self, partition: int) -> str:
+        return f"{self.namespace}.tokens.{partition}.>"
+
+    def parser_consumer(self, partition: int) -> str:
+        return f"parser-p{partition}"
+
+    def cancel_subject(self, response_id: str) -> str:
+        return f"{self.namespace}.cancel.{response_id}"
+
+    def events_subject(self, response_id: str) -> str:
+        return f"{self.namespace}.events.{response_id}"
+
+
+async def connect(url: str, name: str) -> Client:
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats: %s", exc)
+
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+    )
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        # Exists with other settings: bring it to ours.
+        await js.update_stream(config)
+
+
+async def ensure_streams(js: JetStreamContext, names: Names) -> None:
+    """Declares the streams idempotently; every service calls this at start."""
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.gen_stream,
+            subjects=[f"{names.namespace}.gen.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_S,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.tokens_stream,
+            subjects=[f"{names.namespace}.tokens.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=TOKENS_MAX_AGE_S,
+            duplicate_window=DUPLICATE_WINDOW_S,
+        ),
+    )
+
+
+def durable_pull_config(durable: str, filter_subject: str, max_deliver: int, max_ack_pending: int) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        filter_subject=filter_subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ACK_WAIT_S,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+    )

@@ -1,0 +1,20 @@
+"""Reads a response's stored events from Postgres."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from schemas.events import LoggedEvent
+
+
+class EventReader:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def read_after(self, response_id: str, after: int) -> list[LoggedEvent]:
+        rows = await self._pool.fetch(
+            "SELECT seq, type, payload FROM response_events WHERE response_id = $1 AND seq > $2 ORDER BY seq",
+            response_id,
+            after,
+        )
+        return [LoggedEvent.model_construct(seq=r[0], type=r[1], payload=r[2]) for r in rows]

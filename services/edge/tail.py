@@ -1,0 +1,64 @@
+"""Replays a response's log and tails it live, gap-free and without duplicates.
+
+Subscribe to the live subject first, then replay from Postgres, so nothing committed
+in between is missed; live events at or below the cursor are dropped; a gap in live
+sequence numbers (core NATS may drop a message) is backfilled from Postgres; silence
+longer than ``poll_interval_s`` also triggers a read, so a NATS outage only delays."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from schemas.events import CommittedEvents, LoggedEvent
+from services.edge.event_reader import EventReader
+
+POLL_INTERVAL_S = 2.0
+
+
+class ResponseTail:
+    def __init__(self, nc: Client, reader: EventReader, subject_for: Callable[[str], str]) -> None:
+        self._nc = nc
+        self._reader = reader
+        self._subject_for = subject_for
+
+    async def events(
+        self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
+    ) -> AsyncIterator[LoggedEvent]:
+        """Every event with ``seq > after`` up to and including the terminal one."""
+        live: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
+
+        async def on_message(msg: Msg) -> None:
+            live.put_nowait(CommittedEvents.model_validate_json(msg.data).events)
+
+        subscription = await self._nc.subscribe(self._subject_for(response_id), cb=on_message)
+        cursor = after
+        try:
+            batch = await self._reader.read_after(response_id, cursor)
+            while True:
+                for event in batch:
+                    if event.seq <= cursor:
+                        continue
+                    if event.seq > cursor + 1:
+                        # A gap: fetch what was missed; the rest of this batch follows it.
+                        missed = await self._reader.read_after(response_id, cursor)
+                        for stored in missed:
+                            cursor = stored.seq
+                            yield stored
+                            if stored.is_terminal:
+                                return
+                        if event.seq <= cursor:
+                            continue
+                    cursor = event.seq
+                    yield event
+                    if event.is_terminal:
+                        return
+                try:
+                    batch = await asyncio.wait_for(live.get(), poll_interval_s)
+                except asyncio.TimeoutError:
+                    batch = await self._reader.read_after(response_id, cursor)
+        finally:
+            await subscription.unsubscribe()

@@ -1,0 +1,117 @@
+"""The parser's side of Postgres: read what it needs to (re)build a response's state,
+and append events with the token batches that produced them in one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import orjson
+
+from schemas.bus import GenerationEnded, TokenBatch
+from schemas.events import LoggedEvent
+
+
+@dataclass(frozen=True)
+class ResponseRecord:
+    response_id: str
+    status: str
+    base_snapshot: dict[str, Any]
+    parse_context: dict[str, Any]
+
+
+@dataclass
+class ResponseWrite:
+    """Everything one commit adds for one response."""
+
+    response_id: str
+    events: list[LoggedEvent] = field(default_factory=list)
+    consumed: list[TokenBatch | GenerationEnded] = field(default_factory=list)
+    started: bool = False
+    final_snapshot: dict[str, Any] | None = None
+
+
+def _token_row(response_id: str, message: TokenBatch | GenerationEnded) -> tuple:
+    if isinstance(message, TokenBatch):
+        logprobs = None
+        if message.logprobs is not None:
+            logprobs = orjson.dumps({"logprobs": message.logprobs, "top_logprobs": message.top_logprobs}).decode()
+        ids = "{" + ",".join(map(str, message.token_ids)) + "}"
+        return (response_id, message.attempt, message.batch_no, ids, logprobs, None)
+    return (response_id, message.attempt, message.batch_count, "{}", None, message.model_dump_json())
+
+
+def _stored_message(response_id: str, row: asyncpg.Record) -> TokenBatch | GenerationEnded:
+    if row["ended"] is not None:
+        return GenerationEnded.model_validate_json(row["ended"])
+    logprobs = orjson.loads(row["logprobs"]) if row["logprobs"] is not None else {}
+    return TokenBatch(
+        response_id=response_id,
+        attempt=row["attempt"],
+        batch_no=row["batch_no"],
+        token_ids=list(row["token_ids"]),
+        logprobs=logprobs.get("logprobs"),
+        top_logprobs=logprobs.get("top_logprobs"),
+    )
+
+
+class EventLog:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def load_response(self, response_id: str) -> ResponseRecord | None:
+        row = await self._pool.fetchrow(
+            "SELECT status, base_snapshot::text, parse_context::text FROM responses WHERE id = $1", response_id
+        )
+        if row is None:
+            return None
+        return ResponseRecord(response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]))
+
+    async def load_consumed(self, response_id: str) -> list[TokenBatch | GenerationEnded]:
+        rows = await self._pool.fetch(
+            "SELECT attempt, batch_no, token_ids, logprobs::text AS logprobs, ended::text AS ended"
+            " FROM response_tokens WHERE response_id = $1 ORDER BY attempt, batch_no",
+            response_id,
+        )
+        return [_stored_message(response_id, row) for row in rows]
+
+    async def commit(self, writes: list[ResponseWrite]) -> None:
+        events = [(w.response_id, e.seq, e.type, e.payload) for w in writes for e in w.events]
+        tokens = [_token_row(w.response_id, m) for w in writes for m in w.consumed]
+        async with self._pool.acquire() as conn, conn.transaction():
+            if events:
+                await conn.execute(
+                    "INSERT INTO response_events (response_id, seq, type, payload)"
+                    " SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])"
+                    " ON CONFLICT DO NOTHING",
+                    *map(list, zip(*events)),
+                )
+            if tokens:
+                await conn.execute(
+                    "INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)"
+                    " SELECT r, a, b, t::int[], l::jsonb, e::jsonb"
+                    " FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::text[], $6::text[])"
+                    "   AS u(r, a, b, t, l, e)"
+                    " ON CONFLICT DO NOTHING",
+                    *map(list, zip(*tokens)),
+                )
+            started = [w.response_id for w in writes if w.started and w.final_snapshot is None]
+            if started:
+                await conn.execute(
+                    "UPDATE responses SET status = 'in_progress', updated_at = now()"
+                    " WHERE id = ANY($1::text[]) AND status = 'queued'",
+                    started,
+                )
+            for w in writes:
+                if w.final_snapshot is not None:
+                    snapshot = w.final_snapshot
+                    await conn.execute(
+                        "UPDATE responses SET status = $2, snapshot = $3::jsonb, usage = $4::jsonb,"
+                        " error = $5::jsonb, completed_at = now(), updated_at = now() WHERE id = $1",
+                        w.response_id,
+                        snapshot["status"],
+                        orjson.dumps(snapshot).decode(),
+                        orjson.dumps(snapshot.get("usage")).decode(),
+                        orjson.dumps(snapshot.get("error")).decode(),
+                    )

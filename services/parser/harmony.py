@@ -1,0 +1,101 @@
+"""Splits a gpt-oss completion token stream into Harmony messages.
+
+A pure, incremental layer over openai-harmony's StreamableParser: tokens in, a flat
+list of message fragments out (message started / text delta / message ended). It knows
+nothing of the Responses API; ``response_builder`` turns fragments into events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, StreamState
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStarted:
+    channel: str | None
+    recipient: str | None
+    content_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    # Index of the token that produced this text within the tokens fed in one call.
+    token_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEnded:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedOutput:
+    """The model broke the Harmony grammar; the tokens after this one are not parsed."""
+
+    detail: str
+
+
+Fragment = MessageStarted | TextDelta | MessageEnded | MalformedOutput
+
+
+class HarmonyStreamSplitter:
+    """Feeds completion tokens (the prompt ended with ``<|start|>assistant``)."""
+
+    def __init__(self, encoding: HarmonyEncoding) -> None:
+        self._parser = StreamableParser(encoding, role=Role.ASSISTANT)
+        self._in_content = False
+        self._broken = False
+        self.channel: str | None = None
+        # Tokens of analysis-channel messages (their text and closing token), reported
+        # as usage.output_tokens_details.reasoning_tokens.
+        self.reasoning_tokens = 0
+
+    @property
+    def in_message(self) -> bool:
+        return self._in_content
+
+    @property
+    def broken(self) -> bool:
+        return self._broken
+
+    def feed(self, token_ids: list[int]) -> list[Fragment]:
+        fragments: list[Fragment] = []
+        if self._broken:
+            return fragments
+        parser = self._parser
+        for index, token in enumerate(token_ids):
+            try:
+                parser.process(token)
+            except HarmonyError as exc:
+                self._broken = True
+                fragments.append(MalformedOutput(str(exc)))
+                return fragments
+            in_content = parser.state == StreamState.CONTENT
+            if in_content and not self._in_content:
+                self.channel = parser.current_channel
+                fragments.append(
+                    MessageStarted(self.channel, parser.current_recipient, parser.current_content_type)
+                )
+            if in_content:
+                if self.channel == "analysis":
+                    self.reasoning_tokens += 1
+                delta = parser.last_content_delta
+                if delta:
+                    fragments.append(TextDelta(delta, index))
+            elif self._in_content:
+                if self.channel == "analysis":
+                    self.reasoning_tokens += 1
+                fragments.append(MessageEnded())
+                self.channel = None
+            self._in_content = in_content
+        return fragments
+
+    def finish(self) -> list[Fragment]:
+        """The engine stopped: closes a message cut short (e.g. by the token limit)."""
+        if self._in_content and not self._broken:
+            self._in_content = False
+            self.channel = None
+            return [MessageEnded()]
+        return []

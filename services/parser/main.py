@@ -1,0 +1,35 @@
+"""``steno parser``: consume token batches, append events to the log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from services.common import bus, db
+from services.common.config import Settings
+from services.common.harmony_vocab import harmony_encoding
+from services.common.runtime import configure_logging, run_until_signalled
+from services.parser.service import ParserService
+
+log = logging.getLogger(__name__)
+
+
+def run(_: argparse.Namespace) -> None:
+    configure_logging("parser")
+    settings = Settings.from_env()
+
+    async def main(stop: asyncio.Event) -> None:
+        encoding = harmony_encoding()
+        nc = await bus.connect(settings.nats_url, "steno-parser")
+        pool = await db.create_pool(settings.database_url)
+        service = ParserService(nc, pool, bus.Names(settings.namespace, settings.token_partitions), encoding)
+        task = asyncio.create_task(service.run())
+        log.info("parser ready")
+        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await nc.drain()
+        await pool.close()
+
+    run_until_signalled(main)

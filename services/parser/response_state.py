@@ -1,0 +1,93 @@
+"""One response's parse state: token batches in order -> events (pure, no I/O).
+
+Batches are applied strictly in (attempt, batch_no) order; a batch seen before is
+reported as a duplicate so redeliveries leave the log untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+
+from schemas.bus import GenerationEnded, TokenBatch
+from schemas.events import LoggedEvent
+from services.parser.harmony import HarmonyStreamSplitter
+from schemas.responses import ParseContext
+from services.parser.response_builder import ResponseBuilder
+
+
+class OutOfOrder(Exception):
+    """A batch arrived ahead of one it follows; it must be retried later."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    events: list[LoggedEvent]
+    finished: bool
+
+
+class ResponseState:
+    def __init__(
+        self,
+        response_id: str,
+        base_snapshot: dict[str, Any],
+        context: ParseContext,
+        encoding: HarmonyEncoding,
+    ) -> None:
+        self.response_id = response_id
+        self._encoding = encoding
+        self._splitter = HarmonyStreamSplitter(encoding)
+        self._builder = ResponseBuilder(response_id, base_snapshot, context, self._decode_token)
+        self._started = False
+        self.attempt = 0
+        self.next_batch_no = 0
+        self.finished = False
+
+    def _decode_token(self, token_id: int) -> str:
+        return self._encoding.decode([token_id])
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def final_snapshot(self) -> dict[str, Any] | None:
+        return self._builder.final_snapshot
+
+    def is_duplicate(self, attempt: int, batch_no: int) -> bool:
+        return self.finished or (attempt, batch_no) < (self.attempt, self.next_batch_no)
+
+    def _check_order(self, attempt: int, batch_no: int) -> None:
+        if attempt == self.attempt and batch_no == self.next_batch_no:
+            return
+        if attempt > self.attempt and batch_no == 0:
+            # A new attempt (another worker took the request over) starts numbering again.
+            self.attempt, self.next_batch_no = attempt, 0
+            return
+        raise OutOfOrder(f"{self.response_id}: got {attempt}/{batch_no}, expected {self.attempt}/{self.next_batch_no}")
+
+    def _start_events(self) -> list[LoggedEvent]:
+        if self._started:
+            return []
+        self._started = True
+        return self._builder.start()
+
+    def apply_batch(self, batch: TokenBatch) -> Applied | None:
+        if self.is_duplicate(batch.attempt, batch.batch_no):
+            return None
+        self._check_order(batch.attempt, batch.batch_no)
+        events = self._start_events()
+        fragments = self._splitter.feed(batch.token_ids)
+        events += self._builder.consume(fragments, batch.token_ids, batch.logprobs, batch.top_logprobs)
+        self.next_batch_no += 1
+        return Applied(events, finished=False)
+
+    def apply_end(self, ended: GenerationEnded) -> Applied | None:
+        if self.is_duplicate(ended.attempt, ended.batch_count):
+            return None
+        self._check_order(ended.attempt, ended.batch_count)
+        events = self._start_events()
+        events += self._builder.finish(ended, self._splitter.finish(), self._splitter.reasoning_tokens)
+        self.finished = True
+        return Applied(events, finished=True)

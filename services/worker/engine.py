@@ -1,0 +1,35 @@
+"""The interface every generation engine implements (vLLM, the simulator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+from schemas.bus import FinishReason, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """New tokens since the previous output; ``finish_reason`` is set on the last one."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason | None = None
+    cached_tokens: int | None = None
+
+
+class EngineError(RuntimeError):
+    """The engine failed this request; the response fails visibly with this message."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,73 @@
+"""Coalesces engine outputs into token batches: one per interval or per N tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from services.worker.engine import EngineOutput
+
+
+@dataclass
+class PendingBatch:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+    def add(self, output: EngineOutput) -> None:
+        self.token_ids += output.token_ids
+        if output.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + output.logprobs
+        if output.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + output.top_logprobs
+
+
+Flush = Callable[[PendingBatch], Awaitable[None]]
+_INTERVAL_ELAPSED = object()
+
+
+async def coalesce(
+    outputs: AsyncIterator[EngineOutput], flush: Flush, interval_s: float, max_tokens: int
+) -> EngineOutput | None:
+    """Drains ``outputs`` into ``flush`` calls; returns the output that carried the finish
+    reason (None when the engine stopped without one)."""
+    queue: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
+
+    async def produce() -> None:
+        try:
+            async for output in outputs:
+                await queue.put(output)
+        finally:
+            await queue.put(None)
+
+    producer = asyncio.create_task(produce())
+    pending = PendingBatch()
+    deadline: float | None = None
+    last: EngineOutput | None = None
+    try:
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                output = await asyncio.wait_for(queue.get(), timeout)
+            except asyncio.TimeoutError:
+                output = _INTERVAL_ELAPSED
+            if output is None:
+                break
+            if isinstance(output, EngineOutput):
+                pending.add(output)
+                if output.finish_reason is not None:
+                    last = output
+                    break
+                if deadline is None and pending.token_ids:
+                    deadline = time.monotonic() + interval_s
+            if pending.token_ids and (output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens):
+                await flush(pending)
+                pending, deadline = PendingBatch(), None
+        if pending.token_ids:
+            await flush(pending)
+        await producer  # re-raises what the engine raised
+        return last
+    finally:
+        producer.cancel()

@@ -1,0 +1,158 @@
+"""Pulls generation requests for one model and streams the engine's tokens onto the bus.
+
+Backpressure: the worker fetches a request only when one of its ``concurrency`` slots
+is free, so waiting work stays in JetStream, never in worker memory. While a request
+runs the worker heartbeats it (in-progress acks); it acks only after the final
+GenerationEnded is stored in the TOKENS stream, so a worker that dies mid-generation
+has its request redelivered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
+from services.common.bus import ACK_WAIT_S, Names, durable_pull_config, ensure_streams
+from services.worker.engine import Engine, EngineError
+from services.worker.token_batcher import PendingBatch, coalesce
+
+log = logging.getLogger(__name__)
+
+# A request that keeps failing before its end is published (bus trouble, a crash loop)
+# is given up after this many deliveries.
+MAX_DELIVER = 5
+HEARTBEAT_S = ACK_WAIT_S / 3
+
+
+class GenerationWorker:
+    def __init__(
+        self,
+        nc: Client,
+        names: Names,
+        model: str,
+        engine: Engine,
+        *,
+        concurrency: int = 64,
+        batch_interval_s: float = 0.005,
+        batch_max_tokens: int = 64,
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._names = names
+        self._model = model
+        self._engine = engine
+        self._slots = asyncio.Semaphore(concurrency)
+        self._batch_interval_s = batch_interval_s
+        self._batch_max_tokens = batch_max_tokens
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        names = self._names
+        await ensure_streams(self._js, names)
+        durable = names.worker_consumer(self._model)
+        await self._js.add_consumer(
+            names.gen_stream,
+            durable_pull_config(durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000),
+        )
+        subscription = await self._js.pull_subscribe_bind(durable, stream=names.gen_stream)
+        log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
+        while not self._stopping.is_set():
+            await self._slots.acquire()
+            try:
+                messages = await subscription.fetch(1, timeout=1.0)
+            except (NatsTimeoutError, asyncio.TimeoutError):
+                self._slots.release()
+                continue
+            except Exception:
+                self._slots.release()
+                if self._stopping.is_set():
+                    break
+                log.exception("fetching work failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            task = asyncio.create_task(self._run_one(messages[0]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``."""
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
+
+    async def _run_one(self, msg: Msg) -> None:
+        try:
+            await self._generate(msg)
+        except Exception:
+            log.exception("generation failed on the bus; the request will be redelivered")
+            with suppress(Exception):
+                await msg.nak(delay=1.0)
+        finally:
+            self._slots.release()
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            with suppress(Exception):
+                await msg.in_progress()
+
+    async def _generate(self, msg: Msg) -> None:
+        request = GenerationRequest.model_validate_json(msg.data)
+        attempt = msg.metadata.num_delivered - 1
+        rid = request.response_id
+        subject = self._names.tokens_subject(rid)
+        batch_no = 0
+        output_tokens = 0
+
+        async def publish_batch(pending: PendingBatch) -> None:
+            nonlocal batch_no, output_tokens
+            batch = TokenBatch(
+                response_id=rid,
+                attempt=attempt,
+                batch_no=batch_no,
+                token_ids=pending.token_ids,
+                logprobs=pending.logprobs,
+                top_logprobs=pending.top_logprobs,
+            )
+            await self._js.publish(
+                subject, batch.model_dump_json().encode(), headers={"Nats-Msg-Id": f"{rid}:{attempt}:{batch_no}"}
+            )
+            batch_no += 1
+            output_tokens += len(pending.token_ids)
+
+        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        started = time.monotonic()
+        error: str | None = None
+        try:
+            outputs = self._engine.generate(f"{rid}:{attempt}", request.prompt_token_ids, request.sampling)
+            last = await coalesce(outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens)
+        except EngineError as exc:
+            last, error = None, str(exc)
+        finally:
+            heartbeat.cancel()
+        finish = "error" if error is not None else (last.finish_reason if last else "stop")
+        ended = GenerationEnded(
+            response_id=rid,
+            attempt=attempt,
+            batch_count=batch_no,
+            finish_reason=finish,
+            prompt_tokens=len(request.prompt_token_ids),
+            output_tokens=output_tokens,
+            cached_tokens=last.cached_tokens if last else None,
+            error_code="server_error" if error is not None else None,
+            error_message=error,
+        )
+        await self._js.publish(
+            subject, ended.model_dump_json().encode(), headers={"Nats-Msg-Id": f"{rid}:{attempt}:end"}
+        )
+        await msg.ack_sync()
+        log.info(
+            "%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens, time.monotonic() - started
+        )
