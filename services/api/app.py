@@ -57,7 +57,7 @@ class Services:
         self.tail = ResponseTail(self.nc, self.reader, self.names.events_subject)
 
     async def close(self) -> None:
-        await self.nc.drain()
+        await self.nc.close()
         await self.pool.close()
 
 

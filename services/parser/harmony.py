@@ -48,7 +48,7 @@ class HarmonyStreamSplitter:
         self._in_content = False
         self._broken = False
         self.channel: str | None = None
-        # Tokens of analysis-channel messages (their text and closing token), reported
+        # Tokens of analysis-channel messages (<|message|>, the text, the closing token), reported
         # as usage.output_tokens_details.reasoning_tokens.
         self.reasoning_tokens = 0
 
@@ -91,11 +91,3 @@ class HarmonyStreamSplitter:
                 self.channel = None
             self._in_content = in_content
         return fragments
-
-    def finish(self) -> list[Fragment]:
-        """The engine stopped: closes a message cut short (e.g. by the token limit)."""
-        if self._in_content and not self._broken:
-            self._in_content = False
-            self.channel = None
-            return [MessageEnded()]
-        return []

@@ -29,7 +29,8 @@ def run(_: argparse.Namespace) -> None:
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await nc.drain()
+        await nc.flush()
+        await nc.close()
         await pool.close()
 
     run_until_signalled(main)

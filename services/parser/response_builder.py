@@ -108,8 +108,10 @@ class ResponseBuilder:
         flush()
         return events
 
-    def finish(self, ended: GenerationEnded, trailing: list[Fragment], reasoning_tokens: int) -> list[LoggedEvent]:
-        events = self.consume(trailing) if trailing else []
+    def finish(self, ended: GenerationEnded, reasoning_tokens: int) -> list[LoggedEvent]:
+        """Closes what is open (``incomplete`` unless the engine stopped normally) and
+        appends the terminal event."""
+        events: list[LoggedEvent] = []
         item_status = "completed" if ended.finish_reason == "stop" else "incomplete"
         if self._open is not None:
             self._close_item(events, item_status)

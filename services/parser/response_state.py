@@ -88,6 +88,6 @@ class ResponseState:
             return None
         self._check_order(ended.attempt, ended.batch_count)
         events = self._start_events()
-        events += self._builder.finish(ended, self._splitter.finish(), self._splitter.reasoning_tokens)
+        events += self._builder.finish(ended, self._splitter.reasoning_tokens)
         self.finished = True
         return Applied(events, finished=True)

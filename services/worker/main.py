@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await engine.close()
-        await nc.drain()
+        await nc.flush()
+        await nc.close()
 
     run_until_signalled(main)

@@ -1,0 +1,84 @@
+"""Session fixtures: real NATS and Postgres (found or embedded), a database and a bus
+namespace of the session's own, and the service processes."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from infra.embedded import Infrastructure, resolve
+from services.common.config import Settings
+from services.common.db import asyncpg_dsn
+from services.common.migrate import ensure_database, upgrade
+from tests.stack import Stack
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(asyncpg_dsn(url))
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(scope="session")
+def infrastructure(tmp_path_factory) -> Infrastructure:
+    infra = resolve(tmp_path_factory.mktemp("infra"))
+    yield infra
+    infra.stop()
+
+
+@pytest.fixture(scope="session")
+def settings(infrastructure) -> Settings:
+    run_id = secrets.token_hex(4)
+    database_url = _with_database(infrastructure.database_url, f"steno_test_{run_id}")
+    asyncio.run(ensure_database(database_url))
+    upgrade(database_url)
+    yield Settings(
+        nats_url=infrastructure.nats_url,
+        database_url=database_url,
+        namespace=f"t{run_id}",
+        token_partitions=4,
+    )
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(_with_database(infrastructure.database_url, "postgres"))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "steno_test_{run_id}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture(scope="session")
+def stack(settings, tmp_path_factory) -> Stack:
+    running = Stack(settings, tmp_path_factory.mktemp("logs"))
+    try:
+        running.add("parser-0", "parser")
+        running.add("worker-0", "worker", "--sim-tokens-per-s", "2000")
+        running.add_api()
+        yield running
+    except Exception:
+        print(running.logs())
+        raise
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+async def db(settings):
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    yield conn
+    await conn.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "stack" in item.fixturenames:
+        running = item.funcargs.get("stack")
+        if running is not None:
+            report.sections.append(("service logs", running.logs()))

@@ -1,0 +1,102 @@
+"""Runs Steno's service processes for tests, against real NATS and Postgres."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.embedded import free_port
+from services.common.config import Settings
+
+
+def service_env(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "STENO_NATS_URL": settings.nats_url,
+        "STENO_DATABASE_URL": settings.database_url,
+        "STENO_NAMESPACE": settings.namespace,
+        "STENO_TOKEN_PARTITIONS": str(settings.token_partitions),
+    }
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *self.argv], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    log_dir: Path
+    processes: list[ServiceProcess] = field(default_factory=list)
+    api_ports: list[int] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_ports[0]}/v1"
+
+    def url_of(self, replica: int) -> str:
+        return f"http://127.0.0.1:{self.api_ports[replica]}/v1"
+
+    def add(self, name: str, *argv: str) -> ServiceProcess:
+        process = ServiceProcess(name, list(argv), self.log_dir / f"{name}.log")
+        process.start(service_env(self.settings))
+        self.processes.append(process)
+        return process
+
+    def add_api(self) -> ServiceProcess:
+        port = free_port()
+        self.api_ports.append(port)
+        process = self.add(f"api-{len(self.api_ports) - 1}", "api", "--port", str(port))
+        wait_healthy(f"http://127.0.0.1:{port}", process)
+        return process
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_text()[-4000:]}" for p in self.processes)
+
+
+def wait_healthy(url: str, process: ServiceProcess, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.process.poll() is not None:
+            raise RuntimeError(f"{process.name} exited:\n{process.log_text()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{process.name} did not become healthy:\n{process.log_text()}")

@@ -1,0 +1,64 @@
+import pytest
+
+from schemas.api import CreateResponseRequest
+from services.api.render import InvalidInput, build_conversation, render_prompt
+from tests.harmony_samples import encoding
+
+
+def decoded(request: CreateResponseRequest) -> str:
+    return encoding().decode(render_prompt(encoding(), request, 1767225600))
+
+
+def test_string_input_system_and_start_date():
+    text = decoded(CreateResponseRequest(model="m", input="Hello"))
+    assert "Reasoning: medium" in text
+    assert "Current date: 2026-01-01" in text
+    assert text.endswith("<|start|>user<|message|>Hello<|end|><|start|>assistant")
+
+
+def test_reasoning_effort_and_instructions():
+    text = decoded(CreateResponseRequest(model="m", input="x", instructions="Be terse.", reasoning={"effort": "high"}))
+    assert "Reasoning: high" in text
+    assert "<|start|>developer<|message|># Instructions\n\nBe terse." in text
+
+
+def test_system_role_input_becomes_developer_instructions():
+    request = CreateResponseRequest(
+        model="m", input=[{"role": "system", "content": "Speak French."}, {"role": "user", "content": "Hi"}]
+    )
+    text = decoded(request)
+    assert "# Instructions\n\nSpeak French." in text
+    assert "<|start|>system<|message|>Speak French." not in text
+
+
+def test_function_tools_are_declared():
+    tool = {"type": "function", "name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    text = decoded(CreateResponseRequest(model="m", input="x", tools=[tool]))
+    assert "namespace functions" in text and "type get_weather" in text
+
+
+def test_function_call_round_trip_items():
+    request = CreateResponseRequest(model="m", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "name": "get_weather", "call_id": "call_1", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ])
+    text = decoded(request)
+    assert "to=functions.get_weather" in text
+    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny" in text
+
+
+@pytest.mark.parametrize(
+    ("items", "param"),
+    [
+        ([{"type": "image_generation_call", "id": "x"}], "input[0].type"),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input[0].content[0]"),
+        ([{"type": "function_call_output", "call_id": "nope", "output": "x"}], "input[0].call_id"),
+        ([{"role": "wizard", "content": "x"}], "input[0].role"),
+    ],
+)
+def test_unsupported_input_names_the_item(items, param):
+    with pytest.raises(InvalidInput) as info:
+        build_conversation(CreateResponseRequest(model="m", input=items), 0)
+    assert info.value.param == param

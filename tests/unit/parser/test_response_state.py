@@ -1,0 +1,163 @@
+import random
+
+import orjson
+import pytest
+
+from schemas.bus import GenerationEnded, TokenBatch
+from schemas.fold import fold
+from schemas.responses import ParseContext
+from services.parser.response_state import OutOfOrder, ResponseState
+from tests.events_oracle import validate_events, validate_response
+from tests.harmony_samples import assistant, completion, encoding
+
+RID = "resp_test"
+BASE = {
+    "id": RID,
+    "object": "response",
+    "created_at": 1700000000,
+    "status": "in_progress",
+    "model": "m",
+    "output": [],
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "tools": [],
+}
+
+
+def batches(tokens, sizes, attempt=0):
+    out, start, batch_no = [], 0, 0
+    for size in sizes:
+        if start >= len(tokens):
+            break
+        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no, token_ids=tokens[start:start + size]))
+        start += size
+        batch_no += 1
+    if start < len(tokens):
+        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no, token_ids=tokens[start:]))
+    return out
+
+
+def run(tokens, sizes, finish="stop", context=ParseContext(), logprobs=False):
+    state = ResponseState(RID, BASE, context, encoding())
+    events = []
+    sent = batches(tokens, sizes)
+    for batch in sent:
+        if logprobs:
+            batch.logprobs = [-0.5] * len(batch.token_ids)
+            batch.top_logprobs = [[(t, -0.5)] for t in batch.token_ids]
+        events += state.apply_batch(batch).events
+    ended = GenerationEnded(
+        response_id=RID, attempt=0, batch_count=len(sent), finish_reason=finish,
+        prompt_tokens=10, output_tokens=len(tokens),
+    )
+    events += state.apply_end(ended).events
+    return state, events
+
+
+def payloads(events):
+    return [orjson.loads(e.payload) for e in events]
+
+
+def test_reasoning_and_answer_events_in_sdk_shape():
+    tokens = completion([assistant("analysis", "Thinking."), assistant("final", "Hello!")])
+    state, events = run(tokens, [3] * 20)
+    parsed = validate_events([e.payload for e in events])
+    types = [e.type for e in parsed]
+    assert types[0] == "response.in_progress"
+    assert types[1:4] == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"]
+    assert types[-1] == "response.completed"
+    assert [e.sequence_number for e in parsed] == list(range(1, len(parsed) + 1))
+    final = validate_response(state.final_snapshot)
+    assert final.status == "completed"
+    assert final.output[0].type == "reasoning" and final.output[0].content[0].text == "Thinking."
+    assert final.output_text == "Hello!"
+    assert final.usage.output_tokens_details.reasoning_tokens > 0
+    assert fold(payloads([e for e in events])) == state.final_snapshot | {"output": state.final_snapshot["output"]}
+
+
+def test_same_batches_give_byte_identical_events():
+    tokens = completion([assistant("analysis", "Déjà vu 日本"), assistant("final", "Same again.")])
+    _, first = run(tokens, [2, 5, 1, 7])
+    _, second = run(tokens, [2, 5, 1, 7])
+    assert [e.payload for e in first] == [e.payload for e in second]
+
+
+def test_split_inside_multibyte_character_keeps_text_whole():
+    tokens = completion([assistant("final", "日本語のテキスト 🎉")])
+    state, events = run(tokens, [1] * len(tokens))
+    assert validate_response(state.final_snapshot).output_text == "日本語のテキスト 🎉"
+    deltas = "".join(p["delta"] for p in payloads(events) if p["type"] == "response.output_text.delta")
+    assert deltas == "日本語のテキスト 🎉"
+
+
+def test_length_finish_is_incomplete_with_incomplete_items():
+    tokens = completion([assistant("analysis", "A rather long line of reasoning here")])[:8]
+    state, events = run(tokens, [4, 4], finish="length")
+    final = validate_response(state.final_snapshot)
+    assert final.status == "incomplete"
+    assert final.incomplete_details.reason == "max_output_tokens"
+    assert final.output[0].status == "incomplete"
+    assert events[-1].type == "response.incomplete"
+
+
+def test_engine_error_fails_visibly():
+    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    ended = GenerationEnded(
+        response_id=RID, attempt=0, batch_count=0, finish_reason="error", prompt_tokens=3, output_tokens=0,
+        error_code="server_error", error_message="engine died",
+    )
+    events = state.apply_end(ended).events
+    assert [e.type for e in events] == ["response.in_progress", "error", "response.failed"]
+    validate_events([e.payload for e in events])
+    assert state.final_snapshot["error"] == {"code": "server_error", "message": "engine died"}
+
+
+def test_cancel_ends_completed_event_with_cancelled_status():
+    tokens = completion([assistant("final", "partial answer")])[:5]
+    state, events = run(tokens, [5], finish="cancelled")
+    assert events[-1].type == "response.completed"
+    assert validate_response(state.final_snapshot).status == "cancelled"
+
+
+def test_function_call_item():
+    tokens = completion(
+        [assistant("commentary", '{"city": "Paris"}', recipient="functions.get_weather", content_type="json")],
+        end="<|call|>",
+    )
+    state, events = run(tokens, [3] * 10)
+    validate_events([e.payload for e in events])
+    call = validate_response(state.final_snapshot).output[0]
+    assert call.type == "function_call"
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+
+
+def test_logprobs_ride_on_text_deltas_when_asked():
+    tokens = completion([assistant("final", "Hi there")])
+    state, events = run(tokens, [100], context=ParseContext(include_logprobs=True), logprobs=True)
+    parsed = validate_events([e.payload for e in events])
+    deltas = [e for e in parsed if e.type == "response.output_text.delta"]
+    assert sum(len(d.logprobs) for d in deltas) == len(encoding().encode("Hi there"))
+    assert "".join(lp.token for d in deltas for lp in d.logprobs) == "Hi there"
+
+
+def test_redelivered_batch_is_a_duplicate_and_gap_is_out_of_order():
+    tokens = completion([assistant("final", "one two three four")])
+    sent = batches(tokens, [2, 2, 2])
+    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    assert state.apply_batch(sent[0]) is not None
+    assert state.apply_batch(sent[0]) is None
+    with pytest.raises(OutOfOrder):
+        state.apply_batch(sent[2])
+
+
+def test_random_splits_fold_to_the_same_snapshot():
+    tokens = completion([assistant("analysis", "x" * 50), assistant("final", "y z " * 30)])
+    rng = random.Random(7)
+    snapshots = set()
+    for _ in range(10):
+        sizes = [rng.randint(1, 9) for _ in range(len(tokens))]
+        state, events = run(tokens, sizes)
+        assert fold(payloads(events)) == state.final_snapshot
+        snapshots.add(orjson.dumps(state.final_snapshot))
+    assert len(snapshots) == 1

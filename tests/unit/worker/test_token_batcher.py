@@ -1,0 +1,60 @@
+import asyncio
+
+import pytest
+
+from services.worker.engine import EngineError, EngineOutput
+from services.worker.token_batcher import coalesce
+
+
+async def source(outputs, gap_s=0.0, fail=False):
+    for output in outputs:
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        yield output
+    if fail:
+        raise EngineError("boom")
+
+
+def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False):
+    flushed = []
+
+    async def flush(batch):
+        flushed.append(list(batch.token_ids))
+
+    async def go():
+        return await coalesce(source(outputs, gap_s, fail), flush, interval_s, max_tokens)
+
+    return asyncio.run(go()), flushed
+
+
+def test_size_cap_splits_batches_and_keeps_every_token():
+    outputs = [EngineOutput([i]) for i in range(10)] + [EngineOutput([10], finish_reason="stop")]
+    last, flushed = run(outputs, interval_s=10, max_tokens=4)
+    assert sum(flushed, []) == list(range(11))
+    assert all(len(b) <= 4 for b in flushed[:-1])
+    assert last.finish_reason == "stop"
+
+
+def test_interval_flushes_slow_streams():
+    outputs = [EngineOutput([i]) for i in range(3)] + [EngineOutput([], finish_reason="stop")]
+    _, flushed = run(outputs, interval_s=0.01, max_tokens=100, gap_s=0.05)
+    assert flushed == [[0], [1], [2]]
+
+
+def test_engine_error_propagates_after_flushing():
+    with pytest.raises(EngineError):
+        run([EngineOutput([1, 2])], interval_s=10, max_tokens=100, fail=True)
+
+
+def test_logprobs_follow_their_tokens():
+    flushed = []
+
+    async def flush(batch):
+        flushed.append((batch.token_ids, batch.logprobs))
+
+    async def go():
+        outputs = [EngineOutput([1], logprobs=[-1.0]), EngineOutput([2], logprobs=[-2.0], finish_reason="stop")]
+        return await coalesce(source(outputs), flush, 10, 100)
+
+    asyncio.run(go())
+    assert flushed == [([1, 2], [-1.0, -2.0])]
