@@ -18,7 +18,20 @@ _LIFECYCLE = {
     "response.failed",
 }
 _TEXT_DELTAS = {"response.output_text.delta", "response.reasoning_text.delta"}
-_TEXT_DONES = {"response.output_text.done": "text", "response.reasoning_text.done": "text"}
+_TEXT_DONES = {"response.output_text.done", "response.reasoning_text.done"}
+# Deltas and dones of the single text field of tool call items.
+_FIELD_DELTAS = {
+    "response.function_call_arguments.delta": "arguments",
+    "response.mcp_call_arguments.delta": "arguments",
+    "response.code_interpreter_call_code.delta": "code",
+    "response.custom_tool_call_input.delta": "input",
+}
+_FIELD_DONES = {
+    "response.function_call_arguments.done": "arguments",
+    "response.mcp_call_arguments.done": "arguments",
+    "response.code_interpreter_call_code.done": "code",
+    "response.custom_tool_call_input.done": "input",
+}
 
 
 def fold(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -46,10 +59,13 @@ def fold(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
                 part.setdefault("logprobs", []).extend(event["logprobs"])
         elif kind in _TEXT_DONES:
             output[event["output_index"]]["content"][event["content_index"]]["text"] = event["text"]
-        elif kind == "response.function_call_arguments.delta":
-            output[event["output_index"]]["arguments"] += event["delta"]
-        elif kind == "response.function_call_arguments.done":
-            output[event["output_index"]]["arguments"] = event["arguments"]
+        elif kind in _FIELD_DELTAS:
+            item = output[event["output_index"]]
+            field = _FIELD_DELTAS[kind]
+            item[field] = (item.get(field) or "") + event["delta"]
+        elif kind in _FIELD_DONES:
+            field = _FIELD_DONES[kind]
+            output[event["output_index"]][field] = event[field]
     if snapshot is None:
         return None
     return {**snapshot, "output": output}

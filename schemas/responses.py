@@ -6,5 +6,13 @@ from pydantic import BaseModel
 
 
 class ParseContext(BaseModel):
+    """What the parser must know of the request to interpret the model's output."""
+
     v: int = 1
     include_logprobs: bool = False
+    # Qualified names the model was offered under ``functions.``: plain tools "name",
+    # namespaced tools "namespace.name".
+    function_tools: list[str] = []
+    # Qualified names of custom (freeform) tools among them.
+    custom_tools: list[str] = []
+    namespaces: list[str] = []

@@ -17,6 +17,28 @@ def _migrate(_: argparse.Namespace) -> None:
     print(f"migrated {url}")
 
 
+def _audit(args: argparse.Namespace) -> None:
+    from services.common import db
+    from services.common.config import Settings
+    from services.common.harmony_vocab import harmony_encoding
+    from services.parser.audit import audit
+
+    async def run() -> bool:
+        pool = await db.create_pool(Settings.from_env().database_url)
+        try:
+            result = await audit(pool, harmony_encoding(), args.response_id, restore=args.restore)
+        finally:
+            await pool.close()
+        if result.identical:
+            print(f"{args.response_id}: re-parse is byte-identical to the log ({len(result.stored)} parser events)")
+            return True
+        print(f"{args.response_id}: re-parse differs from the log from seq {result.first_difference()} "
+              f"({len(result.reparsed)} re-parsed, {len(result.stored)} stored)")
+        return False
+
+    sys.exit(0 if asyncio.run(run()) else 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     from infra import stack
     from services.api import main as api_main
@@ -36,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     worker.set_defaults(run=worker_main.run)
     commands.add_parser("parser", help="run a parser").set_defaults(run=parser_main.run)
     commands.add_parser("migrate", help="create/upgrade the database schema").set_defaults(run=_migrate)
+    audit = commands.add_parser("audit", help="re-parse a response from its stored tokens and compare with its log")
+    audit.add_argument("response_id")
+    audit.add_argument("--restore", action="store_true", help="write back events missing from the log")
+    audit.set_defaults(run=_audit)
     args = parser.parse_args(argv)
     args.run(args)
 

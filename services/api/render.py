@@ -1,14 +1,19 @@
 """Renders a Responses request into the Harmony prompt for gpt-oss (pure).
 
-System message: reasoning effort and conversation start date. Developer message:
-``instructions`` (plus any ``system``/``developer`` role input) and function tools.
-Then the input items, in order."""
+System message: reasoning effort, conversation start date, built-in tools (browser
+for web search, python for code interpreter). Developer message: ``instructions``
+(plus any ``system``/``developer`` role input, plus what ``tool_choice`` asks) and the
+function tools, namespaced ones as ``namespace.tool`` and custom (freeform) ones as a
+function of one string parameter. Then the input items, in order."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from openai_harmony import (
     Author,
     Conversation,
@@ -22,6 +27,7 @@ from openai_harmony import (
 )
 
 from schemas.api import CreateResponseRequest
+from schemas.responses import ParseContext
 
 _EFFORTS = {
     "minimal": ReasoningEffort.LOW,
@@ -30,12 +36,152 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
 }
 _TEXT_PART_TYPES = {"input_text", "output_text", "text", "reasoning_text", "summary_text"}
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_WEB_SEARCH_TOOLS = {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11"}
+CUSTOM_TOOL_INPUT_ARG = "input"
 
 
 class InvalidInput(ValueError):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+@dataclass
+class ToolCatalog:
+    """The tools a request offers, as the model will see them."""
+
+    functions: dict[str, ToolDescription] = field(default_factory=dict)  # qualified name -> description
+    custom: set[str] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)
+    browser: bool = False
+    python: bool = False
+    # Bare name -> qualified name, for replaying calls a client sent without namespace.
+    qualified_by_bare: dict[str, str] = field(default_factory=dict)
+
+    def parse_context(self, include_logprobs: bool) -> ParseContext:
+        return ParseContext(
+            include_logprobs=include_logprobs,
+            function_tools=sorted(self.functions),
+            custom_tools=sorted(self.custom),
+            namespaces=sorted(self.namespaces),
+        )
+
+    def qualified(self, name: str, namespace: str | None) -> str:
+        if namespace:
+            return f"{namespace}.{name}"
+        return self.qualified_by_bare.get(name, name)
+
+
+def _custom_parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    description = "The complete freeform input for this tool, passed through verbatim."
+    fmt = tool.get("format") or {}
+    if fmt.get("type") == "grammar":
+        description += f" It must match this {fmt.get('syntax', '')} grammar:\n{fmt.get('definition', '')}"
+    return {
+        "type": "object",
+        "properties": {CUSTOM_TOOL_INPUT_ARG: {"type": "string", "description": description}},
+        "required": [CUSTOM_TOOL_INPUT_ARG],
+    }
+
+
+def _add_callable(catalog: ToolCatalog, tool: dict[str, Any], param: str, namespace: str | None) -> None:
+    kind = tool.get("type")
+    name = tool.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.match(name):
+        raise InvalidInput("a tool name must be 1-64 letters, digits, '_' or '-'", f"{param}.name")
+    qualified = f"{namespace}.{name}" if namespace else name
+    if qualified in catalog.functions:
+        raise InvalidInput(f"tool {qualified!r} is declared twice", f"{param}.name")
+    if kind == "function":
+        parameters = tool.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidInput("function parameters must be a JSON schema object", f"{param}.parameters")
+        catalog.functions[qualified] = ToolDescription.new(qualified, tool.get("description") or "", parameters)
+    elif kind == "custom":
+        catalog.functions[qualified] = ToolDescription.new(
+            qualified, tool.get("description") or "", _custom_parameters(tool)
+        )
+        catalog.custom.add(qualified)
+    else:
+        raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
+    if namespace:
+        catalog.qualified_by_bare.setdefault(name, qualified)
+
+
+def tool_catalog(tools: list[dict[str, Any]]) -> ToolCatalog:
+    catalog = ToolCatalog()
+    for index, tool in enumerate(tools):
+        param = f"tools[{index}]"
+        kind = tool.get("type")
+        if kind in ("function", "custom"):
+            _add_callable(catalog, tool, param, None)
+        elif kind == "namespace":
+            namespace = tool.get("name")
+            if not isinstance(namespace, str) or not _TOOL_NAME.match(namespace):
+                raise InvalidInput("a namespace needs a name of letters, digits, '_' or '-'", f"{param}.name")
+            inner = tool.get("tools")
+            if not isinstance(inner, list) or not inner:
+                raise InvalidInput("a namespace needs a non-empty list of tools", f"{param}.tools")
+            catalog.namespaces.add(namespace)
+            for inner_index, inner_tool in enumerate(inner):
+                if not isinstance(inner_tool, dict):
+                    raise InvalidInput("a tool must be an object", f"{param}.tools[{inner_index}]")
+                _add_callable(catalog, inner_tool, f"{param}.tools[{inner_index}]", namespace)
+        elif kind in _WEB_SEARCH_TOOLS:
+            catalog.browser = True
+        elif kind == "code_interpreter":
+            catalog.python = True
+        else:
+            raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
+    return catalog
+
+
+def _apply_tool_choice(catalog: ToolCatalog, choice: str | dict[str, Any]) -> tuple[ToolCatalog, str | None]:
+    """The tools actually offered, and an instruction saying what ``tool_choice`` asks."""
+    if choice == "auto":
+        return catalog, None
+    if choice == "none":
+        return ToolCatalog(), None
+    if choice == "required":
+        if not (catalog.functions or catalog.browser or catalog.python):
+            raise InvalidInput("tool_choice 'required' needs at least one tool", "tool_choice")
+        return catalog, "You must call one of the available tools before you answer."
+    if not isinstance(choice, dict):
+        raise InvalidInput(f"unsupported tool_choice {choice!r}", "tool_choice")
+    kind = choice.get("type")
+    if kind in ("function", "custom"):
+        name = catalog.qualified(str(choice.get("name")), choice.get("namespace"))
+        if name not in catalog.functions:
+            raise InvalidInput(f"tool_choice names {name!r}, which is not among the tools", "tool_choice.name")
+        only = ToolCatalog(
+            functions={name: catalog.functions[name]},
+            custom={name} & catalog.custom,
+            namespaces=catalog.namespaces,
+            qualified_by_bare=catalog.qualified_by_bare,
+        )
+        return only, f"You must call the tool `{name}`."
+    if kind == "allowed_tools":
+        allowed = ToolCatalog(namespaces=catalog.namespaces, qualified_by_bare=catalog.qualified_by_bare)
+        for index, tool in enumerate(choice.get("tools") or []):
+            tool_kind = tool.get("type") if isinstance(tool, dict) else None
+            if tool_kind in _WEB_SEARCH_TOOLS:
+                allowed.browser = catalog.browser
+            elif tool_kind == "code_interpreter":
+                allowed.python = catalog.python
+            else:
+                name = catalog.qualified(str(tool.get("name")), tool.get("namespace"))
+                if name not in catalog.functions:
+                    raise InvalidInput(f"{name!r} is not among the tools", f"tool_choice.tools[{index}]")
+                allowed.functions[name] = catalog.functions[name]
+                if name in catalog.custom:
+                    allowed.custom.add(name)
+        return _apply_tool_choice(allowed, "required" if choice.get("mode") == "required" else "auto")
+    if kind in _WEB_SEARCH_TOOLS and catalog.browser:
+        return catalog, "You must use the browser tool before you answer."
+    if kind == "code_interpreter" and catalog.python:
+        return catalog, "You must use the python tool before you answer."
+    raise InvalidInput(f"unsupported tool_choice type {kind!r}", "tool_choice.type")
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -45,6 +191,9 @@ def _text_of(content: Any, param: str) -> str:
         raise InvalidInput("content must be a string or a list of content parts", param)
     texts = []
     for index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+            continue
         if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise InvalidInput(f"unsupported content part type {kind!r}", f"{param}[{index}]")
@@ -52,23 +201,45 @@ def _text_of(content: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _function_tools(tools: list[dict[str, Any]]) -> list[ToolDescription]:
-    described = []
-    for index, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise InvalidInput(f"unsupported tool type {tool.get('type')!r}", f"tools[{index}].type")
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidInput("a function tool needs a name", f"tools[{index}].name")
-        described.append(ToolDescription.new(name, tool.get("description") or "", tool.get("parameters")))
-    return described
+def _call(recipient: str, arguments: str, channel: str = "commentary") -> Message:
+    return (
+        Message.from_role_and_content(Role.ASSISTANT, arguments)
+        .with_channel(channel)
+        .with_recipient(recipient)
+        .with_content_type("json")
+    )
 
 
-def _input_messages(items: list[dict[str, Any]], instructions: list[str]) -> list[Message]:
+def _tool_result(author: str, text: str) -> Message:
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, author), text)
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
+def _output_text(output: Any, param: str) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _text_of(output, param)
+    return orjson.dumps(output).decode()
+
+
+def _required_str(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{item.get('type')} items need a {key!r} string", f"{param}.{key}")
+    return value
+
+
+def _input_messages(items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog) -> list[Message]:
     messages: list[Message] = []
-    call_names: dict[str, str] = {}
+    call_authors: dict[str, str] = {}
     for index, item in enumerate(items):
         param = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidInput("an input item must be an object", param)
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -78,65 +249,86 @@ def _input_messages(items: list[dict[str, Any]], instructions: list[str]) -> lis
             elif role == "user":
                 messages.append(Message.from_role_and_content(Role.USER, text))
             elif role == "assistant":
-                messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
+                channel = "commentary" if item.get("phase") == "commentary" else "final"
+                messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel))
             else:
                 raise InvalidInput(f"unsupported message role {role!r}", f"{param}.role")
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
-            messages.append(
-                Message.from_role_and_content(Role.ASSISTANT, _text_of(parts, f"{param}.content")).with_channel(
-                    "analysis"
-                )
-            )
-        elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            if not isinstance(name, str) or not isinstance(call_id, str):
-                raise InvalidInput("a function_call item needs name and call_id", param)
-            call_names[call_id] = name
-            messages.append(
-                Message.from_role_and_content(Role.ASSISTANT, str(item.get("arguments", "")))
-                .with_channel("commentary")
-                .with_recipient(f"functions.{name}")
-                .with_content_type("json")
-            )
-        elif kind == "function_call_output":
+            text = _text_of(parts, f"{param}.content")
+            messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id = _required_str(item, "call_id", param)
+            name = catalog.qualified(_required_str(item, "name", param), item.get("namespace"))
+            if kind == "function_call":
+                arguments = item.get("arguments") or ""
+            else:
+                arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: item.get("input") or ""}).decode()
+            call_authors[call_id] = f"functions.{name}"
+            messages.append(_call(f"functions.{name}", str(arguments)))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
-            if call_id not in call_names:
-                raise InvalidInput(f"no function_call with call_id {call_id!r} precedes this output", f"{param}.call_id")
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text_of(output, f"{param}.output")
-            messages.append(
-                Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{call_names[call_id]}"), text)
-                .with_channel("commentary")
-                .with_recipient("assistant")
-            )
+            if call_id not in call_authors:
+                raise InvalidInput(f"no tool call with call_id {call_id!r} precedes this output", f"{param}.call_id")
+            messages.append(_tool_result(call_authors[call_id], _output_text(item.get("output"), f"{param}.output")))
+        elif kind == "code_interpreter_call":
+            messages.append(_call("python", item.get("code") or "", channel="analysis").with_content_type("code"))
+        elif kind == "web_search_call":
+            action = item.get("action") or {}
+            command = {"open_page": "open", "find_in_page": "find", "find": "find"}.get(action.get("type"), "search")
+            arguments = {k: v for k, v in action.items() if k != "type"}
+            messages.append(_call(f"browser.{command}", orjson.dumps(arguments).decode(), channel="analysis"))
+        elif kind == "mcp_call":
+            name = _required_str(item, "name", param)
+            label = item.get("server_label") or name
+            recipient = f"mcp.{name}" if label == name else name
+            messages.append(_call(recipient, item.get("arguments") or ""))
+            if item.get("output") is not None:
+                messages.append(_tool_result(recipient, _output_text(item["output"], f"{param}.output")))
         else:
             raise InvalidInput(f"unsupported input item type {kind!r}", f"{param}.type")
     return messages
 
 
-def build_conversation(request: CreateResponseRequest, created_at: int) -> Conversation:
+@dataclass(frozen=True)
+class RenderedPrompt:
+    token_ids: list[int]
+    parse_context: ParseContext
+
+
+def build_conversation(request: CreateResponseRequest, created_at: int) -> tuple[Conversation, ToolCatalog]:
+    declared = tool_catalog(request.tools)
+    offered, choice_instruction = _apply_tool_choice(declared, request.tool_choice)
     system = SystemContent.new().with_conversation_start_date(
         dt.datetime.fromtimestamp(created_at, dt.timezone.utc).strftime("%Y-%m-%d")
     )
     effort = request.reasoning.effort if request.reasoning else None
     system = system.with_reasoning_effort(_EFFORTS[effort or "medium"])
+    if offered.browser:
+        system = system.with_browser_tool()
+    if offered.python:
+        system = system.with_python_tool()
     instructions = [request.instructions] if request.instructions else []
     if isinstance(request.input, str):
         messages = [Message.from_role_and_content(Role.USER, request.input)]
     else:
-        messages = _input_messages(request.input, instructions)
-    tools = _function_tools(request.tools)
+        messages = _input_messages(request.input, instructions, declared)
+    if choice_instruction:
+        instructions.append(choice_instruction)
     conversation = [Message.from_role_and_content(Role.SYSTEM, system)]
-    if instructions or tools:
+    if instructions or offered.functions:
         developer = DeveloperContent.new()
         if instructions:
             developer = developer.with_instructions("\n\n".join(instructions))
-        if tools:
-            developer = developer.with_function_tools(tools)
+        if offered.functions:
+            developer = developer.with_function_tools(list(offered.functions.values()))
         conversation.append(Message.from_role_and_content(Role.DEVELOPER, developer))
-    return Conversation.from_messages(conversation + messages)
+    return Conversation.from_messages(conversation + messages), offered
 
 
-def render_prompt(encoding: HarmonyEncoding, request: CreateResponseRequest, created_at: int) -> list[int]:
-    return encoding.render_conversation_for_completion(build_conversation(request, created_at), Role.ASSISTANT)
+def render_prompt(
+    encoding: HarmonyEncoding, request: CreateResponseRequest, created_at: int, include_logprobs: bool = False
+) -> RenderedPrompt:
+    conversation, offered = build_conversation(request, created_at)
+    token_ids = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
+    return RenderedPrompt(token_ids, offered.parse_context(include_logprobs))

@@ -12,7 +12,6 @@ from schemas.api import CreateResponseRequest
 from schemas.bus import GenerationRequest, SamplingParams, StructuredOutput
 from schemas.events import LoggedEvent
 from schemas.ids import derived_id
-from schemas.responses import ParseContext
 from services.api.render import InvalidInput, render_prompt
 from services.api.store import NewResponse
 
@@ -93,11 +92,11 @@ def plan_response(
     created_at: int,
     encoding: HarmonyEncoding,
 ) -> ResponsePlan:
-    prompt = render_prompt(encoding, request, created_at)
-    status = "queued" if request.background else "in_progress"
-    snapshot = base_snapshot(request, response_id, created_at, status)
     include = set(request.include or [])
     wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
+    prompt = render_prompt(encoding, request, created_at, include_logprobs=wants_logprobs)
+    status = "queued" if request.background else "in_progress"
+    snapshot = base_snapshot(request, response_id, created_at, status)
     sampling = SamplingParams(
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,
@@ -117,7 +116,7 @@ def plan_response(
         store=request.store,
         previous_response_id=request.previous_response_id,
         request=request.model_dump(mode="json", exclude_none=True),
-        parse_context=ParseContext(include_logprobs=wants_logprobs).model_dump(),
+        parse_context=prompt.parse_context.model_dump(),
         base_snapshot=snapshot,
         input_items=_input_items(request, response_id),
     )
@@ -125,6 +124,6 @@ def plan_response(
         record=record,
         first_events=[LoggedEvent(seq=0, type="response.created", payload=orjson.dumps(created).decode())],
         generation=GenerationRequest(
-            response_id=response_id, model=request.model, prompt_token_ids=prompt, sampling=sampling
+            response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling
         ),
     )

@@ -6,7 +6,7 @@ from tests.harmony_samples import encoding
 
 
 def decoded(request: CreateResponseRequest) -> str:
-    return encoding().decode(render_prompt(encoding(), request, 1767225600))
+    return encoding().decode(render_prompt(encoding(), request, 1767225600).token_ids)
 
 
 def test_string_input_system_and_start_date():

@@ -3,56 +3,13 @@ import random
 import orjson
 import pytest
 
-from schemas.bus import GenerationEnded, TokenBatch
+from schemas.bus import GenerationEnded
 from schemas.fold import fold
 from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
 from tests.events_oracle import validate_events, validate_response
 from tests.harmony_samples import assistant, completion, encoding
-
-RID = "resp_test"
-BASE = {
-    "id": RID,
-    "object": "response",
-    "created_at": 1700000000,
-    "status": "in_progress",
-    "model": "m",
-    "output": [],
-    "parallel_tool_calls": True,
-    "tool_choice": "auto",
-    "tools": [],
-}
-
-
-def batches(tokens, sizes, attempt=0):
-    out, start, batch_no = [], 0, 0
-    for size in sizes:
-        if start >= len(tokens):
-            break
-        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no, token_ids=tokens[start:start + size]))
-        start += size
-        batch_no += 1
-    if start < len(tokens):
-        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no, token_ids=tokens[start:]))
-    return out
-
-
-def run(tokens, sizes, finish="stop", context=ParseContext(), logprobs=False):
-    state = ResponseState(RID, BASE, context, encoding())
-    events = []
-    sent = batches(tokens, sizes)
-    for batch in sent:
-        if logprobs:
-            batch.logprobs = [-0.5] * len(batch.token_ids)
-            batch.top_logprobs = [[(t, -0.5)] for t in batch.token_ids]
-        events += state.apply_batch(batch).events
-    ended = GenerationEnded(
-        response_id=RID, attempt=0, batch_count=len(sent), finish_reason=finish,
-        prompt_tokens=10, output_tokens=len(tokens),
-    )
-    events += state.apply_end(ended).events
-    return state, events
-
+from tests.parse_support import BASE, RID, batches, run
 
 def payloads(events):
     return [orjson.loads(e.payload) for e in events]

@@ -1,0 +1,56 @@
+"""Re-parses a response from its stored token batches and compares with its stored log.
+
+Because events are a pure function of the stored request context and batches, the
+re-parse must be byte-identical to the log; ``restore`` writes back events that are
+missing (never overwriting one that exists)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+from openai_harmony import HarmonyEncoding
+
+from schemas.bus import TokenBatch
+from schemas.events import LoggedEvent
+from schemas.responses import ParseContext
+from services.parser.event_log import EventLog, ResponseWrite
+from services.parser.response_state import ResponseState
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    reparsed: list[LoggedEvent]
+    stored: list[LoggedEvent]
+
+    @property
+    def identical(self) -> bool:
+        return [(e.seq, e.type, e.payload) for e in self.reparsed] == [(e.seq, e.type, e.payload) for e in self.stored]
+
+    def first_difference(self) -> int | None:
+        for mine, theirs in zip(self.reparsed, self.stored):
+            if (mine.seq, mine.payload) != (theirs.seq, theirs.payload):
+                return mine.seq
+        if len(self.reparsed) != len(self.stored):
+            return min(len(self.reparsed), len(self.stored)) + 1
+        return None
+
+
+async def audit(pool: asyncpg.Pool, encoding: HarmonyEncoding, response_id: str, restore: bool = False) -> AuditResult:
+    log = EventLog(pool)
+    record = await log.load_response(response_id)
+    if record is None:
+        raise LookupError(f"no response {response_id}")
+    state = ResponseState(response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), encoding)
+    reparsed: list[LoggedEvent] = []
+    for message in await log.load_consumed(response_id):
+        applied = state.apply_batch(message) if isinstance(message, TokenBatch) else state.apply_end(message)
+        if applied is not None:
+            reparsed += applied.events
+    if restore and reparsed:
+        await log.commit([ResponseWrite(response_id, events=reparsed)])
+    rows = await pool.fetch(
+        "SELECT seq, type, payload FROM response_events WHERE response_id = $1 AND seq >= 1 ORDER BY seq", response_id
+    )
+    stored = [LoggedEvent.model_construct(seq=r[0], type=r[1], payload=r[2]) for r in rows]
+    return AuditResult(reparsed, stored)

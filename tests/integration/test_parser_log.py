@@ -1,0 +1,141 @@
+"""The parser's log on real Postgres: deterministic, exactly-once, auditable."""
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.events_oracle import validate_response
+from tests.stack import service_env
+
+pytestmark = pytest.mark.integration
+
+MODEL = "steno-simulator"
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def stream_frames(stack, body):
+    with httpx.stream("POST", stack.base_url + "/responses", json={**body, "stream": True}, timeout=30) as reply:
+        text = reply.read().decode()
+    frames = []
+    for block in filter(str.strip, text.split("\n\n")):
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        frames.append((int(fields["id"]), fields["event"], fields["data"]))
+    return frames
+
+
+def plain(item) -> dict:
+    """An output item without the fields the SDK's stream helper adds (``parsed_*``)."""
+    return {k: v for k, v in item.model_dump().items() if not k.startswith("parsed")}
+
+
+def steno(stack, *args):
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=service_env(stack.settings),
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db):
+    seen = stream_frames(stack, {"model": MODEL, "input": "audit me, déjà vu 日本", "tools": [WEATHER]})
+    response_id = orjson.loads(seen[0][2])["response"]["id"]
+
+    audit = steno(stack, "audit", response_id)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "byte-identical" in audit.stdout
+
+    await db.execute("DELETE FROM response_events WHERE response_id = $1 AND seq >= 1", response_id)
+    assert steno(stack, "audit", response_id).returncode == 1
+    restored = steno(stack, "audit", response_id, "--restore")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+                          response_id)
+    assert [tuple(r) for r in rows] == seen
+
+
+async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(stack, db, settings):
+    """Publishes a response's stored batches again, as a redelivery would."""
+    import nats
+
+    from services.common.bus import Names
+
+    seen = stream_frames(stack, {"model": MODEL, "input": "once only"})
+    response_id = orjson.loads(seen[0][2])["response"]["id"]
+    batches = await db.fetch(
+        "SELECT attempt, batch_no, token_ids, ended::text AS ended FROM response_tokens WHERE response_id = $1"
+        " ORDER BY attempt, batch_no", response_id)
+    names = Names(settings.namespace, settings.token_partitions)
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        for row in batches:
+            if row["ended"]:
+                body = row["ended"].encode()
+            else:
+                body = orjson.dumps({"kind": "tokens", "response_id": response_id, "attempt": row["attempt"],
+                                     "batch_no": row["batch_no"], "token_ids": list(row["token_ids"])})
+            # No Nats-Msg-Id: JetStream stores it again, the parser sees it twice.
+            await js.publish(names.tokens_subject(response_id), body)
+        partition = int(names.tokens_subject(response_id).split(".")[2])
+        for _ in range(100):
+            info = await js.consumer_info(names.tokens_stream, names.parser_consumer(partition))
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert info.num_pending == 0 and info.num_ack_pending == 0
+    finally:
+        await nc.close()
+    rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+                          response_id)
+    assert [tuple(r) for r in rows] == seen
+
+
+def test_tool_round_trip_through_the_sdk_stream_helper(stack):
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
+    with client.responses.stream(model=MODEL, input="Paris", tools=[WEATHER]) as stream:
+        events = list(stream)
+        first = stream.get_final_response()
+    call = first.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert orjson.loads(call.arguments) == {"city": "Paris"}
+    assert "response.function_call_arguments.delta" in [e.type for e in events]
+    retrieved = client.responses.retrieve(first.id)
+    assert plain(retrieved.output[-1]) == plain(call)
+
+    second = client.responses.create(
+        model=MODEL, tools=[WEATHER],
+        input=[{"role": "user", "content": "Paris"}, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"}],
+    )
+    assert second.output_text == "Steno simulator reply: the tool returned sunny, 21C"
+
+
+@pytest.mark.parametrize(
+    ("tools", "item_type"),
+    [
+        ([{"type": "web_search"}], "web_search_call"),
+        ([{"type": "code_interpreter", "container": {"type": "auto"}}], "code_interpreter_call"),
+        ([{"type": "namespace", "name": "crm", "description": "CRM",
+           "tools": [{"type": "function", "name": "find_user", "parameters": {
+               "type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}}]}],
+         "function_call"),
+        ([{"type": "custom", "name": "apply_patch", "description": "Apply a patch"}], "custom_tool_call"),
+    ],
+)
+def test_tool_kinds_end_to_end(stack, tools, item_type):
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
+    with client.responses.stream(model=MODEL, input="a@b.c", tools=tools) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    item = final.output[-1]
+    assert item.type == item_type
+    if tools[0]["type"] == "namespace":
+        assert (item.namespace, item.name) == ("crm", "find_user")
+    if item_type == "custom_tool_call":
+        assert item.input == "a@b.c"
+    retrieved = validate_response(client.responses.retrieve(final.id).model_dump())
+    assert plain(retrieved.output[-1]) == plain(item)
