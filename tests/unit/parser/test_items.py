@@ -151,3 +151,16 @@ def test_unwrap_custom_input_degrades_to_the_raw_payload():
 
 def test_web_search_action_of_unparseable_arguments_is_a_search():
     assert web_search_action("search", "steno") == {"type": "search", "query": "steno"}
+
+
+def test_grammar_violation_keeps_the_text_and_fails_visibly():
+    from tests.harmony_samples import encoding
+
+    tokens = completion([assistant("final", "so far so good")], end="<|end|>")
+    tokens += encoding().encode("<|message|>garbage", allowed_special="all")
+    state, events = run(tokens, [3] * 50)
+    validate_events([e.payload for e in events])
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    snapshot = validate_response(state.final_snapshot)
+    assert snapshot.output_text == "so far so good"
+    assert "malformed" in snapshot.error.message
