@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="where embedded servers keep their data")
     parser.add_argument("--embedded", action="store_true",
                         help="always start embedded NATS and Postgres (on ports of their own)")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="dev mode: accept requests without an API key (all in one tenant)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="API port (replica i listens on port+i)")
     parser.add_argument("--api", type=int, default=1, help="API/edge replicas")
@@ -123,6 +125,12 @@ def run(args: argparse.Namespace) -> None:
         upgrade(infra.database_url)
         say("database migrated")
         env = {**os.environ, "STENO_NATS_URL": infra.nats_url, "STENO_DATABASE_URL": infra.database_url}
+        if args.no_auth:
+            env["STENO_AUTH"] = "disabled"
+            say("authentication is OFF (--no-auth): any client can use this server")
+        else:
+            say("authentication is on: create a key with `steno keys create --tenant NAME`"
+                f" (STENO_DATABASE_URL={infra.database_url})")
         children = _children(args)
         for child in children:
             child.start(env)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 
 
 class ReasoningParams(BaseModel):
@@ -57,3 +59,17 @@ class CreateResponseRequest(BaseModel):
     previous_response_id: str | None = None
     service_tier: str | None = None
     seed: int | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs")
+        for key, item in value.items():
+            if len(key) > MAX_METADATA_KEY:
+                raise ValueError(f"keys are at most {MAX_METADATA_KEY} characters")
+            if len(item) > MAX_METADATA_VALUE:
+                raise ValueError(f"values are at most {MAX_METADATA_VALUE} characters")
+        return value

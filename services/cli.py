@@ -39,6 +39,34 @@ def _audit(args: argparse.Namespace) -> None:
     sys.exit(0 if asyncio.run(run()) else 1)
 
 
+def _keys(args: argparse.Namespace) -> None:
+    from services.api import keys
+    from services.common import db
+    from services.common.config import Settings
+
+    async def run() -> int:
+        pool = await db.create_pool(Settings.from_env().database_url)
+        try:
+            if args.action == "create":
+                created = await keys.create_key(pool, args.tenant, args.name)
+                print(f"created {created.key_id} for tenant {created.tenant_id}; the key (shown only now):")
+                print(created.key)
+            elif args.action == "revoke":
+                if not await keys.revoke_key(pool, args.key_id):
+                    print(f"no active key {args.key_id}", file=sys.stderr)
+                    return 1
+                print(f"revoked {args.key_id}")
+            else:
+                for row in await keys.list_keys(pool):
+                    state = f"revoked {row['revoked_at']:%Y-%m-%d}" if row["revoked_at"] else "active"
+                    print(f"{row['id']}  tenant={row['tenant_id']}  name={row['name'] or '-'}  {state}")
+            return 0
+        finally:
+            await pool.close()
+
+    sys.exit(asyncio.run(run()))
+
+
 def main(argv: list[str] | None = None) -> None:
     from infra import stack
     from services.api import main as api_main
@@ -58,6 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     worker.set_defaults(run=worker_main.run)
     commands.add_parser("parser", help="run a parser").set_defaults(run=parser_main.run)
     commands.add_parser("migrate", help="create/upgrade the database schema").set_defaults(run=_migrate)
+    keys = commands.add_parser("keys", help="create, revoke and list API keys")
+    key_actions = keys.add_subparsers(dest="action", required=True)
+    create = key_actions.add_parser("create", help="create a key for a tenant (printed once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name", default="")
+    key_actions.add_parser("revoke", help="revoke a key").add_argument("key_id")
+    key_actions.add_parser("list", help="list keys (never the keys themselves)")
+    keys.set_defaults(run=_keys)
     audit = commands.add_parser("audit", help="re-parse a response from its stored tokens and compare with its log")
     audit.add_argument("response_id")
     audit.add_argument("--restore", action="store_true", help="write back events missing from the log")

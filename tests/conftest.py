@@ -55,6 +55,8 @@ def settings(infrastructure) -> Settings:
 @pytest.fixture(scope="session")
 def stack(settings, tmp_path_factory) -> Stack:
     running = Stack(settings, tmp_path_factory.mktemp("logs"))
+    running.create_key("a")
+    running.create_key("b")
     try:
         running.add("parser-0", "parser")
         running.add("worker-0", "worker", "--sim-tokens-per-s", "2000")
@@ -82,3 +84,19 @@ def pytest_runtest_makereport(item, call):
         running = item.funcargs.get("stack")
         if running is not None:
             report.sections.append(("service logs", running.logs()))
+
+
+@pytest.fixture
+def client(stack):
+    """The SDK as tenant "a"."""
+    import openai
+
+    return openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+
+
+@pytest.fixture
+def other_tenant(stack):
+    """The SDK as tenant "b"."""
+    import openai
+
+    return openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["b"], max_retries=0)

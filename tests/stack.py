@@ -60,6 +60,19 @@ class Stack:
     log_dir: Path
     processes: list[ServiceProcess] = field(default_factory=list)
     api_ports: list[int] = field(default_factory=list)
+    # tenant -> API key
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def create_key(self, tenant: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", "keys", "create", "--tenant", tenant],
+            env=service_env(self.settings), capture_output=True, text=True, check=True,
+        )
+        self.keys[tenant] = done.stdout.strip().splitlines()[-1]
+        return self.keys[tenant]
+
+    def headers(self, tenant: str = "a") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
     @property
     def base_url(self) -> str:

@@ -1,42 +1,40 @@
-"""The HTTP front: ``/v1/responses`` (create, retrieve, stream) with the SSE edge inside."""
+"""The HTTP app: shared services opened in the lifespan, errors in OpenAI's shape,
+request size limit, and the routes of ``routes.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 
-import orjson
-from fastapi import FastAPI, Query, Request
+import asyncpg
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse
+from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from schemas.api import CreateResponseRequest
-from schemas.events import LoggedEvent
-from schemas.fold import fold
-from schemas.ids import new_response_id
+from services.api.auth import Authenticator
 from services.api.errors import (
     ApiError,
     api_error_handler,
+    error_body,
     http_error_handler,
     unexpected_error_handler,
     validation_error_handler,
 )
-from services.api.render import InvalidInput
-from services.api.response_plan import plan_response
+from services.api.keys import KeyResolver
+from services.api.routes import router
 from services.api.store import ResponseStore
 from services.common import bus, db
 from services.common.config import Settings
 from services.common.harmony_vocab import harmony_encoding
-from services.edge import SSE_HEADERS, EventReader, ResponseTail, frame
+from services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
 
-# Until API keys exist every request belongs to one tenant.
-DEFAULT_TENANT = "default"
+PURGE_EVERY_S = 30.0
 
 
 class Services:
@@ -51,34 +49,81 @@ class Services:
         self.nc = await bus.connect(self.settings.nats_url, "steno-api")
         self.js = self.nc.jetstream()
         await bus.ensure_streams(self.js, self.names)
+        self.cancel_flags = await bus.cancel_flags(self.js, self.names)
+        self.workers = await bus.worker_registry(self.js, self.names)
         self.pool = await db.create_pool(self.settings.database_url, max_size=20)
         self.store = ResponseStore(self.pool)
         self.reader = EventReader(self.pool)
         self.tail = ResponseTail(self.nc, self.reader, self.names.events_subject)
+        self.authenticate = Authenticator(None if self.settings.auth_disabled else KeyResolver(self.pool))
+        self._purger = asyncio.create_task(self._purge_expired())
+
+    async def _purge_expired(self) -> None:
+        """Deletes what must not outlive its stream (responses created with store=false)."""
+        while True:
+            await asyncio.sleep(PURGE_EVERY_S)
+            with suppress(Exception):
+                await self.store.purge_expired()
 
     async def close(self) -> None:
+        self._purger.cancel()
         await self.nc.close()
         await self.pool.close()
 
 
-def _sse(events: AsyncIterator[LoggedEvent]) -> StreamingResponse:
-    async def frames() -> AsyncIterator[bytes]:
-        async for event in events:
-            yield frame(event)
+class BodySizeLimit:
+    """Rejects request bodies over ``limit`` bytes with a 413 before reading them all."""
 
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(send)
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        response = JSONResponse(error_body(413, f"The request body exceeds {self.limit} bytes."), status_code=413)
+        await response({"type": "http"}, None, send)
 
 
-def _json(body: dict) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
+class _TooLarge(Exception):
+    pass
+
+
+async def unavailable_handler(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("backing service unavailable: %s", exc)
+    return JSONResponse(
+        error_body(503, "The service is temporarily unavailable; retry shortly."),
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     services = Services(settings or Settings.from_env())
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
         await services.open()
+        app.state.services = services
         try:
             yield
         finally:
@@ -88,74 +133,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    for unavailable in (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                        asyncpg.CannotConnectNowError, asyncio.TimeoutError, NatsError):
+        app.add_exception_handler(unavailable, unavailable_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
-
-    @app.post("/v1/responses")
-    async def create_response(body: CreateResponseRequest) -> Response:
-        response_id = new_response_id()
-        try:
-            plan = plan_response(body, response_id, DEFAULT_TENANT, int(time.time()), services.encoding)
-        except InvalidInput as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
-        await services.store.create(plan.record, plan.first_events)
-        try:
-            await services.js.publish(
-                services.names.gen_subject(body.model),
-                plan.generation.model_dump_json().encode(),
-                headers={"Nats-Msg-Id": response_id},
-            )
-        except Exception as exc:
-            log.exception("publishing %s failed", response_id)
-            await _fail_unpublished(plan.record.base_snapshot, response_id)
-            raise ApiError(503, "The generation queue is unavailable; retry later.") from exc
-        if body.stream:
-            return _sse(services.tail.events(response_id, after=-1))
-        if body.background:
-            return _json(plan.record.base_snapshot)
-        async for event in services.tail.events(response_id, after=0):
-            if event.is_terminal:
-                return _json(orjson.loads(event.payload)["response"])
-        raise ApiError(500, "The response ended without a terminal event.")
-
-    async def _fail_unpublished(snapshot: dict, response_id: str) -> None:
-        message = "The generation queue was unavailable."
-        failed = {**snapshot, "status": "failed", "error": {"code": "server_error", "message": message}}
-        error = {"type": "error", "sequence_number": 1, "code": "server_error", "message": message, "param": None}
-        terminal = {"type": "response.failed", "sequence_number": 2, "response": failed}
-        events = [
-            LoggedEvent(seq=1, type="error", payload=orjson.dumps(error).decode()),
-            LoggedEvent(seq=2, type="response.failed", payload=orjson.dumps(terminal).decode()),
-        ]
-        await services.store.fail_unstarted(response_id, events, failed)
-
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(
-        request: Request,
-        response_id: str,
-        stream: bool = False,
-        starting_after: int | None = Query(default=None),
-    ) -> Response:
-        stored = await services.store.get(response_id, DEFAULT_TENANT)
-        if stored is None:
-            raise ApiError(404, f"No response found with id '{response_id}'.", param="response_id")
-        if stream:
-            cursor = starting_after
-            if cursor is None and request.headers.get("last-event-id"):
-                try:
-                    cursor = int(request.headers["last-event-id"])
-                except ValueError:
-                    raise ApiError(400, "Last-Event-ID must be an integer sequence number.") from None
-            if cursor is not None and cursor < -1:
-                raise ApiError(400, "starting_after must be -1 or greater.", param="starting_after")
-            return _sse(services.tail.events(response_id, after=-1 if cursor is None else cursor))
-        if stored.snapshot is not None:
-            return _json(stored.snapshot)
-        events = await services.reader.read_after(response_id, -1)
-        folded = fold(orjson.loads(e.payload) for e in events)
-        return _json(folded or stored.base_snapshot)
-
+    app.add_middleware(BodySizeLimit, limit=services.settings.max_body_bytes)
+    app.include_router(router)
     return app

@@ -233,9 +233,12 @@ def _required_str(item: dict[str, Any], key: str, param: str) -> str:
     return value
 
 
-def _input_messages(items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog) -> list[Message]:
+def _input_messages(
+    items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog, call_authors: dict[str, str]
+) -> list[Message]:
+    """``call_authors`` maps call ids seen so far (in earlier turns too) to the tool
+    that answers them."""
     messages: list[Message] = []
-    call_authors: dict[str, str] = {}
     for index, item in enumerate(items):
         param = f"input[{index}]"
         if not isinstance(item, dict):
@@ -296,7 +299,10 @@ class RenderedPrompt:
     parse_context: ParseContext
 
 
-def build_conversation(request: CreateResponseRequest, created_at: int) -> tuple[Conversation, ToolCatalog]:
+def build_conversation(
+    request: CreateResponseRequest, created_at: int, history: list[dict[str, Any]] = ()
+) -> tuple[Conversation, ToolCatalog]:
+    """``history``: the items of earlier turns (previous_response_id), oldest first."""
     declared = tool_catalog(request.tools)
     offered, choice_instruction = _apply_tool_choice(declared, request.tool_choice)
     system = SystemContent.new().with_conversation_start_date(
@@ -309,10 +315,13 @@ def build_conversation(request: CreateResponseRequest, created_at: int) -> tuple
     if offered.python:
         system = system.with_python_tool()
     instructions = [request.instructions] if request.instructions else []
+    call_authors: dict[str, str] = {}
+    # Instructions are not inherited from earlier turns.
+    messages = _input_messages(list(history), [], declared, call_authors)
     if isinstance(request.input, str):
-        messages = [Message.from_role_and_content(Role.USER, request.input)]
+        messages.append(Message.from_role_and_content(Role.USER, request.input))
     else:
-        messages = _input_messages(request.input, instructions, declared)
+        messages += _input_messages(request.input, instructions, declared, call_authors)
     if choice_instruction:
         instructions.append(choice_instruction)
     conversation = [Message.from_role_and_content(Role.SYSTEM, system)]
@@ -327,8 +336,12 @@ def build_conversation(request: CreateResponseRequest, created_at: int) -> tuple
 
 
 def render_prompt(
-    encoding: HarmonyEncoding, request: CreateResponseRequest, created_at: int, include_logprobs: bool = False
+    encoding: HarmonyEncoding,
+    request: CreateResponseRequest,
+    created_at: int,
+    include_logprobs: bool = False,
+    history: list[dict[str, Any]] = (),
 ) -> RenderedPrompt:
-    conversation, offered = build_conversation(request, created_at)
+    conversation, offered = build_conversation(request, created_at, history)
     token_ids = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
     return RenderedPrompt(token_ids, offered.parse_context(include_logprobs))

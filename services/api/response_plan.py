@@ -13,7 +13,7 @@ from schemas.bus import GenerationRequest, SamplingParams, StructuredOutput
 from schemas.events import LoggedEvent
 from schemas.ids import derived_id
 from services.api.render import InvalidInput, render_prompt
-from services.api.store import NewResponse
+from services.api.store import NewResponse, StoredResponse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -85,16 +85,26 @@ def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: 
     }
 
 
+def history_items(chain: list[StoredResponse], inputs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """What earlier turns said, oldest first: each turn's input items, then its output."""
+    items: list[dict[str, Any]] = []
+    for turn in chain:
+        items += inputs.get(turn.response_id, [])
+        items += (turn.snapshot or {}).get("output", [])
+    return items
+
+
 def plan_response(
     request: CreateResponseRequest,
     response_id: str,
     tenant_id: str,
     created_at: int,
     encoding: HarmonyEncoding,
+    history: list[dict[str, Any]] = (),
 ) -> ResponsePlan:
     include = set(request.include or [])
     wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
-    prompt = render_prompt(encoding, request, created_at, include_logprobs=wants_logprobs)
+    prompt = render_prompt(encoding, request, created_at, include_logprobs=wants_logprobs, history=history)
     status = "queued" if request.background else "in_progress"
     snapshot = base_snapshot(request, response_id, created_at, status)
     sampling = SamplingParams(

@@ -1,4 +1,5 @@
-"""The API's side of Postgres: record new responses and read them back."""
+"""The API's side of Postgres: record new responses and read, page, cancel and delete
+them, always within the caller's tenant."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import asyncpg
 import orjson
 
 from schemas.events import LoggedEvent
+
+TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,19 @@ class NewResponse:
 class StoredResponse:
     response_id: str
     status: str
+    background: bool
     base_snapshot: dict[str, Any]
     snapshot: dict[str, Any] | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class InputItemsPage:
+    items: list[dict[str, Any]]
+    has_more: bool
 
 
 def _json(value: Any) -> str:
@@ -87,13 +101,98 @@ class ResponseStore:
             )
 
     async def get(self, response_id: str, tenant_id: str) -> StoredResponse | None:
+        """A stored response of this tenant; responses created with store=false are not
+        retrievable, as with OpenAI."""
         row = await self._pool.fetchrow(
-            "SELECT status, base_snapshot::text, snapshot::text FROM responses WHERE id = $1 AND tenant_id = $2",
+            "SELECT status, background, base_snapshot::text, snapshot::text FROM responses"
+            " WHERE id = $1 AND tenant_id = $2 AND store",
             response_id,
             tenant_id,
         )
         if row is None:
             return None
         return StoredResponse(
-            response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]) if row[2] is not None else None
+            response_id, row[0], row[1], orjson.loads(row[2]), orjson.loads(row[3]) if row[3] is not None else None
         )
+
+    async def last_seq(self, response_id: str) -> int:
+        return await self._pool.fetchval(
+            "SELECT coalesce(max(seq), -1) FROM response_events WHERE response_id = $1", response_id
+        )
+
+    async def conversation_before(self, response_id: str, tenant_id: str) -> list[StoredResponse]:
+        """The chain ending at ``response_id`` (oldest first), via previous_response_id."""
+        rows = await self._pool.fetch(
+            "WITH RECURSIVE chain(id, previous, depth) AS ("
+            "  SELECT id, previous_response_id, 0 FROM responses WHERE id = $1 AND tenant_id = $2 AND store"
+            "  UNION ALL"
+            "  SELECT r.id, r.previous_response_id, c.depth + 1 FROM responses r JOIN chain c ON r.id = c.previous"
+            "  WHERE r.tenant_id = $2 AND r.store"
+            ") SELECT r.id, r.status, r.background, r.base_snapshot::text, r.snapshot::text"
+            " FROM chain c JOIN responses r ON r.id = c.id ORDER BY c.depth DESC",
+            response_id,
+            tenant_id,
+        )
+        return [
+            StoredResponse(r[0], r[1], r[2], orjson.loads(r[3]), orjson.loads(r[4]) if r[4] is not None else None)
+            for r in rows
+        ]
+
+    async def input_items_of(self, response_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        rows = await self._pool.fetch(
+            "SELECT response_id, item::text FROM response_input_items WHERE response_id = ANY($1::text[])"
+            " ORDER BY response_id, position",
+            response_ids,
+        )
+        items: dict[str, list[dict[str, Any]]] = {rid: [] for rid in response_ids}
+        for row in rows:
+            items[row[0]].append(orjson.loads(row[1]))
+        return items
+
+    async def input_items_page(
+        self, response_id: str, after: str | None, limit: int, descending: bool
+    ) -> InputItemsPage | None:
+        """None when ``after`` names no item of this response."""
+        order = "DESC" if descending else "ASC"
+        compare = "<" if descending else ">"
+        if after is None:
+            rows = await self._pool.fetch(
+                f"SELECT item::text FROM response_input_items WHERE response_id = $1 ORDER BY position {order}"
+                " LIMIT $2",
+                response_id,
+                limit + 1,
+            )
+        else:
+            position = await self._pool.fetchval(
+                "SELECT position FROM response_input_items WHERE response_id = $1 AND item_id = $2",
+                response_id,
+                after,
+            )
+            if position is None:
+                return None
+            rows = await self._pool.fetch(
+                f"SELECT item::text FROM response_input_items WHERE response_id = $1 AND position {compare} $2"
+                f" ORDER BY position {order} LIMIT $3",
+                response_id,
+                position,
+                limit + 1,
+            )
+        items = [orjson.loads(r[0]) for r in rows]
+        return InputItemsPage(items[:limit], has_more=len(items) > limit)
+
+    async def request_cancel(self, response_id: str) -> None:
+        await self._pool.execute(
+            "UPDATE responses SET cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1",
+            response_id,
+        )
+
+    async def delete(self, response_id: str, tenant_id: str) -> bool:
+        """Deletes the response with its events, tokens and input items (cascade)."""
+        status = await self._pool.execute(
+            "DELETE FROM responses WHERE id = $1 AND tenant_id = $2 AND store", response_id, tenant_id
+        )
+        return status.endswith(" 1")
+
+    async def purge_expired(self) -> int:
+        status = await self._pool.execute("DELETE FROM responses WHERE expires_at < now()")
+        return int(status.split()[-1])

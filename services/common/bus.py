@@ -25,7 +25,9 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.kv import KeyValue
+from nats.js.api import KeyValueConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,11 @@ ACK_WAIT_S = 30.0
 # longer so an operator can inspect a stuck response.
 TOKENS_MAX_AGE_S = 24 * 3600
 DUPLICATE_WINDOW_S = 120
+# A cancel flag outlives any request that could still be waiting in the queue.
+CANCEL_FLAG_TTL_S = 24 * 3600
+# Workers refresh their model's registration this often; it lapses after the TTL.
+WORKER_REGISTRATION_EVERY_S = 3.0
+WORKER_REGISTRATION_TTL_S = 10.0
 
 
 def model_token(model: str) -> str:
@@ -79,6 +86,14 @@ class Names:
 
     def events_subject(self, response_id: str) -> str:
         return f"{self.namespace}.events.{response_id}"
+
+    @property
+    def cancel_bucket(self) -> str:
+        return f"{self.namespace}_cancel"
+
+    @property
+    def workers_bucket(self) -> str:
+        return f"{self.namespace}_workers"
 
 
 async def connect(url: str, name: str) -> Client:
@@ -125,6 +140,23 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             duplicate_window=DUPLICATE_WINDOW_S,
         ),
     )
+
+
+async def _bucket(js: JetStreamContext, name: str, ttl_s: float) -> KeyValue:
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl_s, history=1))
+
+
+async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:
+    """Responses whose cancellation was asked for (key: response id)."""
+    return await _bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S)
+
+
+async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
+    """Models some live worker serves (key: model token), refreshed by the workers."""
+    return await _bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S)
 
 
 def durable_pull_config(durable: str, filter_subject: str, max_deliver: int, max_ack_pending: int) -> ConsumerConfig:

@@ -14,6 +14,11 @@ class Settings:
     # runs) can share one NATS server without seeing each other's work.
     namespace: str
     token_partitions: int
+    # Dev mode only: every request is the "default" tenant, no API key needed.
+    auth_disabled: bool = False
+    # How long a request for a model with no live worker waits for one before a 404.
+    model_wait_s: float = 5.0
+    max_body_bytes: int = 32 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -24,4 +29,7 @@ class Settings:
             ),
             namespace=os.environ.get("STENO_NAMESPACE", "steno"),
             token_partitions=int(os.environ.get("STENO_TOKEN_PARTITIONS", "16")),
+            auth_disabled=os.environ.get("STENO_AUTH", "required").lower() == "disabled",
+            model_wait_s=float(os.environ.get("STENO_MODEL_WAIT_S", "5")),
+            max_body_bytes=int(os.environ.get("STENO_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
         )

@@ -1,12 +1,60 @@
-"""Server-sent event framing: ``event: <type>``, ``id: <sequence_number>``, ``data: <json>``."""
+"""Server-sent events: ``event: <type>``, ``id: <sequence_number>``, ``data: <json>``.
+
+While the log is silent the body carries SSE comment lines, which keep proxies and
+clients from timing out and which SSE clients (the SDK included) ignore."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import AsyncIterator, Callable
+
 from schemas.events import LoggedEvent
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+KEEPALIVE_S = 15.0
+KEEPALIVE_COMMENT = b": keepalive\n\n"
+
+# Builds the events that end a stream the edge could not finish: (last seq sent) -> events.
+FailureEvents = Callable[[int], list[LoggedEvent]]
 
 
 def frame(event: LoggedEvent) -> bytes:
     return f"event: {event.type}\nid: {event.seq}\ndata: {event.payload}\n\n".encode()
 
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+async def sse_body(
+    events: AsyncIterator[LoggedEvent], on_failure: FailureEvents, keepalive_s: float = KEEPALIVE_S
+) -> AsyncIterator[bytes]:
+    """Frames ``events``; comments while they are silent; if reading them fails, ends the
+    stream visibly with ``on_failure``'s events instead of cutting it."""
+    last_seq = -1
+    iterator = events.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
+            if not done:
+                yield KEEPALIVE_COMMENT
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            except Exception:
+                log.exception("stream ended by a failure after seq %d", last_seq)
+                for failure in on_failure(last_seq):
+                    yield frame(failure)
+                return
+            finally:
+                pending = None
+            last_seq = event.seq
+            yield frame(event)
+    finally:
+        if pending is not None:
+            pending.cancel()
+        await iterator.aclose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Callable
 
+import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -17,6 +18,8 @@ from schemas.events import CommittedEvents, LoggedEvent
 from services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
+# A Postgres outage shorter than this only delays a stream.
+OUTAGE_TOLERANCE_S = 30.0
 
 
 class ResponseTail:
@@ -24,6 +27,19 @@ class ResponseTail:
         self._nc = nc
         self._reader = reader
         self._subject_for = subject_for
+
+    async def _read_after(self, response_id: str, cursor: int) -> list[LoggedEvent]:
+        """Reads, retrying through a short Postgres outage; raises when it lasts too long."""
+        deadline = asyncio.get_running_loop().time() + OUTAGE_TOLERANCE_S
+        delay = 0.1
+        while True:
+            try:
+                return await self._reader.read_after(response_id, cursor)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError):
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def events(
         self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
@@ -37,14 +53,14 @@ class ResponseTail:
         subscription = await self._nc.subscribe(self._subject_for(response_id), cb=on_message)
         cursor = after
         try:
-            batch = await self._reader.read_after(response_id, cursor)
+            batch = await self._read_after(response_id, cursor)
             while True:
                 for event in batch:
                     if event.seq <= cursor:
                         continue
                     if event.seq > cursor + 1:
                         # A gap: fetch what was missed; the rest of this batch follows it.
-                        missed = await self._reader.read_after(response_id, cursor)
+                        missed = await self._read_after(response_id, cursor)
                         for stored in missed:
                             cursor = stored.seq
                             yield stored
@@ -59,6 +75,6 @@ class ResponseTail:
                 try:
                     batch = await asyncio.wait_for(live.get(), poll_interval_s)
                 except asyncio.TimeoutError:
-                    batch = await self._reader.read_after(response_id, cursor)
+                    batch = await self._read_after(response_id, cursor)
         finally:
             await subscription.unsubscribe()

@@ -12,6 +12,8 @@ import orjson
 from schemas.bus import GenerationEnded, TokenBatch
 from schemas.events import LoggedEvent
 
+UNSTORED_GRACE = "5 minutes"
+
 
 @dataclass(frozen=True)
 class ResponseRecord:
@@ -108,7 +110,10 @@ class EventLog:
                     snapshot = w.final_snapshot
                     await conn.execute(
                         "UPDATE responses SET status = $2, snapshot = $3::jsonb, usage = $4::jsonb,"
-                        " error = $5::jsonb, completed_at = now(), updated_at = now() WHERE id = $1",
+                        " error = $5::jsonb, completed_at = now(), updated_at = now(),"
+                        # A response that is not to be stored lives on only for its running stream.
+                        f" expires_at = CASE WHEN store THEN expires_at ELSE now() + interval '{UNSTORED_GRACE}' END"
+                        " WHERE id = $1",
                         w.response_id,
                         snapshot["status"],
                         orjson.dumps(snapshot).decode(),

@@ -54,6 +54,9 @@ class ResponseBuilder:
         return {**self._base, "status": status, "output": [item.item for item in self._items], **extra}
 
     def start(self) -> list[LoggedEvent]:
+        return self.keepalive()
+
+    def keepalive(self) -> list[LoggedEvent]:
         self._emit("response.in_progress", {"response": self._snapshot("in_progress")})
         return self._take_events()
 

@@ -78,8 +78,12 @@ class ResponseState:
             return None
         self._check_order(batch.attempt, batch.batch_no)
         events = self._start_events()
-        fragments = self._splitter.feed(batch.token_ids)
-        events += self._builder.consume(fragments, batch.token_ids, batch.logprobs, batch.top_logprobs)
+        if not batch.token_ids:
+            # The worker's keepalive after a long silence: say the response is alive.
+            events = events or self._builder.keepalive()
+        else:
+            fragments = self._splitter.feed(batch.token_ids)
+            events += self._builder.consume(fragments, batch.token_ids, batch.logprobs, batch.top_logprobs)
         self.next_batch_no += 1
         return Applied(events, finished=False)
 

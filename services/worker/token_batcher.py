@@ -29,10 +29,15 @@ _INTERVAL_ELAPSED = object()
 
 
 async def coalesce(
-    outputs: AsyncIterator[EngineOutput], flush: Flush, interval_s: float, max_tokens: int
+    outputs: AsyncIterator[EngineOutput],
+    flush: Flush,
+    interval_s: float,
+    max_tokens: int,
+    keepalive_s: float | None = None,
 ) -> EngineOutput | None:
     """Drains ``outputs`` into ``flush`` calls; returns the output that carried the finish
-    reason (None when the engine stopped without one)."""
+    reason (None when the engine stopped without one). After ``keepalive_s`` without a
+    flush it flushes an empty batch, which the parser turns into a keepalive event."""
     queue: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
     async def produce() -> None:
@@ -46,13 +51,21 @@ async def coalesce(
     pending = PendingBatch()
     deadline: float | None = None
     last: EngineOutput | None = None
+    last_flush = time.monotonic()
     try:
         while True:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wake = deadline
+            if wake is None and keepalive_s is not None:
+                wake = last_flush + keepalive_s
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
             try:
                 output = await asyncio.wait_for(queue.get(), timeout)
             except asyncio.TimeoutError:
                 output = _INTERVAL_ELAPSED
+                if deadline is None:
+                    await flush(PendingBatch())
+                    last_flush = time.monotonic()
+                    continue
             if output is None:
                 break
             if isinstance(output, EngineOutput):
@@ -65,6 +78,7 @@ async def coalesce(
             if pending.token_ids and (output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens):
                 await flush(pending)
                 pending, deadline = PendingBatch(), None
+                last_flush = time.monotonic()
         if pending.token_ids:
             await flush(pending)
         await producer  # re-raises what the engine raised

@@ -17,8 +17,19 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from nats.js.errors import KeyNotFoundError
+
 from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
-from services.common.bus import ACK_WAIT_S, Names, durable_pull_config, ensure_streams
+from services.common.bus import (
+    ACK_WAIT_S,
+    WORKER_REGISTRATION_EVERY_S,
+    Names,
+    cancel_flags,
+    durable_pull_config,
+    ensure_streams,
+    model_token,
+    worker_registry,
+)
 from services.worker.engine import Engine, EngineError
 from services.worker.token_batcher import PendingBatch, coalesce
 
@@ -41,6 +52,7 @@ class GenerationWorker:
         concurrency: int = 64,
         batch_interval_s: float = 0.005,
         batch_max_tokens: int = 64,
+        keepalive_s: float = 15.0,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -50,6 +62,7 @@ class GenerationWorker:
         self._slots = asyncio.Semaphore(concurrency)
         self._batch_interval_s = batch_interval_s
         self._batch_max_tokens = batch_max_tokens
+        self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
 
@@ -62,7 +75,30 @@ class GenerationWorker:
             durable_pull_config(durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000),
         )
         subscription = await self._js.pull_subscribe_bind(durable, stream=names.gen_stream)
+        self._cancel_flags = await cancel_flags(self._js, names)
+        registration = asyncio.create_task(self._register())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
+        try:
+            await self._fetch_loop(subscription)
+        finally:
+            registration.cancel()
+
+    async def _register(self) -> None:
+        """Tells the API this model is served, for as long as the worker runs."""
+        registry = await worker_registry(self._js, self._names)
+        while True:
+            with suppress(Exception):
+                await registry.put(model_token(self._model), self._engine.name.encode())
+            await asyncio.sleep(WORKER_REGISTRATION_EVERY_S)
+
+    async def _cancelled(self, response_id: str) -> bool:
+        try:
+            await self._cancel_flags.get(response_id)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    async def _fetch_loop(self, subscription) -> None:
         while not self._stopping.is_set():
             await self._slots.acquire()
             try:
@@ -97,11 +133,15 @@ class GenerationWorker:
         finally:
             self._slots.release()
 
-    async def _heartbeat(self, msg: Msg) -> None:
+    async def _heartbeat(self, msg: Msg, engine_request_id: str, response_id: str) -> None:
+        """Keeps the request ours, and catches a cancel order whose core message was missed."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             with suppress(Exception):
                 await msg.in_progress()
+            with suppress(Exception):
+                if await self._cancelled(response_id):
+                    await self._engine.abort(engine_request_id)
 
     async def _generate(self, msg: Msg) -> None:
         request = GenerationRequest.model_validate_json(msg.data)
@@ -127,17 +167,33 @@ class GenerationWorker:
             batch_no += 1
             output_tokens += len(pending.token_ids)
 
-        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        engine_request_id = f"{rid}:{attempt}"
+
+        async def on_cancel(_: Msg) -> None:
+            await self._engine.abort(engine_request_id)
+
         started = time.monotonic()
         error: str | None = None
-        try:
-            outputs = self._engine.generate(f"{rid}:{attempt}", request.prompt_token_ids, request.sampling)
-            last = await coalesce(outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens)
-        except EngineError as exc:
-            last, error = None, str(exc)
-        finally:
-            heartbeat.cancel()
-        finish = "error" if error is not None else (last.finish_reason if last else "stop")
+        last = None
+        if await self._cancelled(rid):
+            finish = "cancelled"
+        else:
+            cancel_subscription = await self._nc.subscribe(self._names.cancel_subject(rid), cb=on_cancel)
+            heartbeat = asyncio.create_task(self._heartbeat(msg, engine_request_id, rid))
+            try:
+                # A cancel that landed between the check above and the subscription.
+                if await self._cancelled(rid):
+                    await self._engine.abort(engine_request_id)
+                outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, request.sampling)
+                last = await coalesce(
+                    outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens, self._keepalive_s
+                )
+            except EngineError as exc:
+                error = str(exc)
+            finally:
+                heartbeat.cancel()
+                await cancel_subscription.unsubscribe()
+            finish = "error" if error is not None else (last.finish_reason if last else "stop")
         ended = GenerationEnded(
             response_id=rid,
             attempt=attempt,

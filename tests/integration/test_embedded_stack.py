@@ -22,7 +22,7 @@ def test_steno_up_embedded_serves_the_sdk_and_stops_cleanly(tmp_path):
     with open(log_path, "wb") as log:
         up = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--embedded", "--data-dir", str(tmp_path / "data"),
-             "--port", str(port)],
+             "--port", str(port), "--no-auth"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     try:

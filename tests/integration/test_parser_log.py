@@ -20,7 +20,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 def stream_frames(stack, body):
-    with httpx.stream("POST", stack.base_url + "/responses", json={**body, "stream": True}, timeout=30) as reply:
+    with httpx.stream("POST", stack.base_url + "/responses", json={**body, "stream": True}, headers=stack.headers(), timeout=30) as reply:
         text = reply.read().decode()
     frames = []
     for block in filter(str.strip, text.split("\n\n")):
@@ -93,8 +93,7 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
     assert [tuple(r) for r in rows] == seen
 
 
-def test_tool_round_trip_through_the_sdk_stream_helper(stack):
-    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
+def test_tool_round_trip_through_the_sdk_stream_helper(client):
     with client.responses.stream(model=MODEL, input="Paris", tools=[WEATHER]) as stream:
         events = list(stream)
         first = stream.get_final_response()
@@ -125,8 +124,7 @@ def test_tool_round_trip_through_the_sdk_stream_helper(stack):
         ([{"type": "custom", "name": "apply_patch", "description": "Apply a patch"}], "custom_tool_call"),
     ],
 )
-def test_tool_kinds_end_to_end(stack, tools, item_type):
-    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
+def test_tool_kinds_end_to_end(client, tools, item_type):
     with client.responses.stream(model=MODEL, input="a@b.c", tools=tools) as stream:
         for _ in stream:
             pass

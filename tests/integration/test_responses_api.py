@@ -12,11 +12,6 @@ pytestmark = pytest.mark.integration
 MODEL = "steno-simulator"
 
 
-@pytest.fixture
-def client(stack):
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0)
-
-
 def test_create_returns_completed_response_with_reasoning_and_message(client):
     response = client.responses.create(model=MODEL, input="hi")
     assert response.status == "completed"
@@ -57,7 +52,7 @@ def test_retrieve_returns_the_same_final_response(client):
 
 async def test_event_log_equals_what_the_stream_delivered(stack, db):
     with httpx.stream("POST", stack.base_url + "/responses",
-                      json={"model": MODEL, "input": "log me", "stream": True}, timeout=30) as reply:
+                      json={"model": MODEL, "input": "log me", "stream": True}, headers=stack.headers(), timeout=30) as reply:
         body = reply.read().decode()
     frames = [f for f in body.split("\n\n") if f.strip()]
     wire = []
@@ -86,7 +81,7 @@ def test_background_response_is_queued_then_completes(client):
 def test_stream_resumes_after_a_cursor(stack, client):
     final = client.responses.create(model=MODEL, input="resume")
     with httpx.stream("GET", f"{stack.base_url}/responses/{final.id}",
-                      params={"stream": "true", "starting_after": 5}, timeout=30) as reply:
+                      params={"stream": "true", "starting_after": 5}, headers=stack.headers(), timeout=30) as reply:
         ids = [int(line[4:]) for line in reply.iter_lines() if line.startswith("id: ")]
     assert ids[0] == 6 and ids == list(range(6, ids[-1] + 1))
 
@@ -102,7 +97,7 @@ def test_stream_resumes_after_a_cursor(stack, client):
     ],
 )
 def test_bad_input_is_a_400_in_openai_shape(stack, body, param):
-    reply = httpx.post(stack.base_url + "/responses", json=body, timeout=10)
+    reply = httpx.post(stack.base_url + "/responses", json=body, headers=stack.headers(), timeout=10)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -111,7 +106,7 @@ def test_bad_input_is_a_400_in_openai_shape(stack, body, param):
 
 def test_malformed_json_body_is_a_400(stack):
     reply = httpx.post(stack.base_url + "/responses", content=b"{not json",
-                       headers={"content-type": "application/json"}, timeout=10)
+                       headers={"content-type": "application/json", **stack.headers()}, timeout=10)
     assert reply.status_code == 400
     assert reply.json()["error"]["type"] == "invalid_request_error"
 

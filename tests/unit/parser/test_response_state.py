@@ -3,7 +3,7 @@ import random
 import orjson
 import pytest
 
-from schemas.bus import GenerationEnded
+from schemas.bus import GenerationEnded, TokenBatch
 from schemas.fold import fold
 from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
@@ -118,3 +118,16 @@ def test_random_splits_fold_to_the_same_snapshot():
         assert fold(payloads(events)) == state.final_snapshot
         snapshots.add(orjson.dumps(state.final_snapshot))
     assert len(snapshots) == 1
+
+
+def test_empty_batches_are_numbered_keepalives():
+    tokens = completion([assistant("final", "slow answer")])
+    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    empty = lambda n: TokenBatch(response_id=RID, attempt=0, batch_no=n, token_ids=[])  # noqa: E731
+    events = state.apply_batch(empty(0)).events + state.apply_batch(empty(1)).events
+    events += state.apply_batch(TokenBatch(response_id=RID, attempt=0, batch_no=2, token_ids=tokens)).events
+    events += state.apply_batch(empty(3)).events
+    parsed = validate_events([e.payload for e in events])
+    assert [e.type for e in parsed][:2] == ["response.in_progress", "response.in_progress"]
+    assert parsed[-1].type == "response.in_progress"
+    assert [e.sequence_number for e in parsed] == list(range(1, len(parsed) + 1))

@@ -58,3 +58,21 @@ def test_logprobs_follow_their_tokens():
 
     asyncio.run(go())
     assert flushed == [([1, 2], [-1.0, -2.0])]
+
+
+def test_silence_longer_than_the_keepalive_flushes_empty_batches():
+    flushed = []
+
+    async def flush(batch):
+        flushed.append(list(batch.token_ids))
+
+    async def go():
+        async def slow():
+            await asyncio.sleep(0.25)
+            yield EngineOutput([7], finish_reason="stop")
+
+        return await coalesce(slow(), flush, 0.01, 100, keepalive_s=0.1)
+
+    asyncio.run(go())
+    assert flushed[:2] == [[], []]
+    assert flushed[-1] == [7]

