@@ -16,6 +16,8 @@ from services.common.db import asyncpg_dsn
 from services.common.migrate import ensure_database, upgrade
 from tests.stack import Stack
 
+SLOW_MODEL = "steno-slow"
+
 
 def _with_database(url: str, name: str) -> str:
     parts = urlsplit(asyncpg_dsn(url))
@@ -60,6 +62,9 @@ def stack(settings, tmp_path_factory) -> Stack:
     try:
         running.add("parser-0", "parser")
         running.add("worker-0", "worker", "--sim-tokens-per-s", "2000")
+        # A slow model, for what must happen while a response is still generating.
+        running.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
+        running.add_api()
         running.add_api()
         yield running
     except Exception:

@@ -22,6 +22,7 @@ def service_env(settings: Settings) -> dict[str, str]:
         "STENO_DATABASE_URL": settings.database_url,
         "STENO_NAMESPACE": settings.namespace,
         "STENO_TOKEN_PARTITIONS": str(settings.token_partitions),
+        "STENO_MODEL_WAIT_S": "1",
     }
 
 

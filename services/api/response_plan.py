@@ -26,13 +26,17 @@ class ResponsePlan:
 
 
 def _input_items(request: CreateResponseRequest, response_id: str) -> list[dict[str, Any]]:
+    """The input as stored and listed: typed items with ids, message text as content parts."""
     if isinstance(request.input, str):
-        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": request.input}]}]
+        items = [{"type": "message", "role": "user", "content": request.input}]
     else:
         items = [dict(item) for item in request.input]
     for position, item in enumerate(items):
         item.setdefault("type", "message")
         item.setdefault("id", derived_id("msg" if item["type"] == "message" else "item", response_id, -1 - position))
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
     return items
 
 

@@ -56,5 +56,7 @@ async def sse_body(
             yield frame(event)
     finally:
         if pending is not None:
+            # Cancelling the pending read ends the generator (its cleanup runs).
             pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         await iterator.aclose()

@@ -23,6 +23,12 @@ class EngineError(RuntimeError):
     """The engine failed this request; the response fails visibly with this message."""
 
 
+class EngineDead(EngineError):
+    """The engine itself is gone (e.g. vLLM's engine core process died): this request
+    failed, and so will every later one. The process should stop taking work and exit
+    so that its supervisor restarts it."""
+
+
 class Engine(Protocol):
     name: str
 

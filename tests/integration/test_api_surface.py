@@ -1,0 +1,264 @@
+"""Routes and semantics of the Responses API, with the SDK against the real stack."""
+
+import asyncio
+import time
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.conftest import SLOW_MODEL
+
+pytestmark = pytest.mark.integration
+
+MODEL = "steno-simulator"
+
+
+def sse_events(reply: httpx.Response, stop_after: int | None = None) -> list[dict]:
+    events = []
+    for line in reply.iter_lines():
+        if line.startswith("data: "):
+            events.append(orjson.loads(line[6:]))
+            if stop_after is not None and len(events) >= stop_after:
+                break
+    return events
+
+
+def test_background_stream_dropped_and_resumed_on_another_replica(stack, client):
+    created = client.responses.create(model=SLOW_MODEL, input="resume me across replicas", background=True,
+                                      stream=False)
+    url = f"/responses/{created.id}"
+    with httpx.stream("GET", stack.url_of(0) + url, params={"stream": "true"}, headers=stack.headers(),
+                      timeout=30) as reply:
+        first = sse_events(reply, stop_after=6)
+    # The client drops here; generation goes on. It comes back to the other replica.
+    cursor = first[-1]["sequence_number"]
+    with httpx.stream("GET", stack.url_of(1) + url, params={"stream": "true", "starting_after": cursor},
+                      headers=stack.headers(), timeout=60) as reply:
+        rest = sse_events(reply)
+    seqs = [e["sequence_number"] for e in first + rest]
+    assert seqs == list(range(len(seqs)))
+    assert rest[-1]["type"] == "response.completed"
+    text = "".join(e["delta"] for e in first + rest if e["type"] == "response.output_text.delta")
+    final = client.responses.retrieve(created.id)
+    assert text == final.output_text and final.status == "completed"
+
+
+def test_last_event_id_header_resumes_too(stack, client):
+    done = client.responses.create(model=MODEL, input="header cursor")
+    with httpx.stream("GET", f"{stack.base_url}/responses/{done.id}", params={"stream": "true"},
+                      headers={**stack.headers(), "Last-Event-ID": "3"}, timeout=30) as reply:
+        events = sse_events(reply)
+    assert events[0]["sequence_number"] == 4
+
+
+def test_sdk_full_replay_of_a_finished_response(client):
+    done = client.responses.create(model=MODEL, input="replay all")
+    with client.responses.stream(response_id=done.id) as stream:
+        events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == done.output_text
+
+
+@pytest.mark.parametrize(("cursor", "status"), [("-2", 400), ("abc", 400), ("9999", 400), ("1.5", 400)])
+def test_bad_cursors_are_clear_4xx(stack, client, cursor, status):
+    done = client.responses.create(model=MODEL, input="cursor checks")
+    reply = httpx.get(f"{stack.base_url}/responses/{done.id}", params={"stream": "true", "starting_after": cursor},
+                      headers=stack.headers(), timeout=10)
+    assert reply.status_code == status
+    assert reply.json()["error"]["param"] == "starting_after"
+
+
+def test_cursor_at_the_terminal_event_is_beyond_the_end(stack, client):
+    done = client.responses.create(model=MODEL, input="the end")
+    with client.responses.stream(response_id=done.id) as stream:
+        last = list(stream)[-1].sequence_number
+    reply = httpx.get(f"{stack.base_url}/responses/{done.id}", params={"stream": "true", "starting_after": last},
+                      headers=stack.headers(), timeout=10)
+    assert reply.status_code == 400
+
+
+def test_retrieve_while_in_progress_shows_partial_output(client):
+    created = client.responses.create(model=SLOW_MODEL, input="partial snapshot please", background=True)
+    assert created.status == "queued"
+    deadline = time.monotonic() + 20
+    while True:
+        snapshot = client.responses.retrieve(created.id)
+        if snapshot.status == "in_progress" and snapshot.output:
+            break
+        assert time.monotonic() < deadline, snapshot
+        time.sleep(0.1)
+    assert snapshot.output[0].status == "in_progress"
+    client.responses.cancel(created.id)
+
+
+def test_cancel_background_response(stack, client):
+    created = client.responses.create(model=SLOW_MODEL, input="cancel me " * 20, background=True)
+    with httpx.stream("GET", f"{stack.base_url}/responses/{created.id}", params={"stream": "true"},
+                      headers=stack.headers(), timeout=30) as reply:
+        sse_events(reply, stop_after=4)
+    started = time.monotonic()
+    cancelled = client.responses.cancel(created.id)
+    took = time.monotonic() - started
+    assert cancelled.status == "cancelled"
+    assert took < 5, f"cancel took {took:.2f}s"
+    assert client.responses.cancel(created.id).status == "cancelled"  # idempotent
+    with client.responses.stream(response_id=created.id) as stream:
+        events = list(stream)
+    assert events[-1].type == "response.completed" and events[-1].response.status == "cancelled"
+    assert all(item.status == "incomplete" for item in events[-1].response.output if item.status)
+
+
+def test_cancel_of_finished_or_foreground_responses_is_a_400(client):
+    finished = client.responses.create(model=MODEL, input="done already", background=True)
+    with client.responses.stream(response_id=finished.id) as stream:
+        list(stream)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(finished.id)
+    foreground = client.responses.create(model=MODEL, input="not background")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(foreground.id)
+
+
+async def test_delete_removes_everything(client, db):
+    done = client.responses.create(model=MODEL, input="forget me")
+    deleted = client.responses.delete(done.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(done.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(done.id)
+    for table in ("response_events", "response_tokens", "response_input_items"):
+        assert await db.fetchval(f"SELECT count(*) FROM {table} WHERE response_id = $1", done.id) == 0
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(done.id)
+
+
+def test_delete_returns_openai_shape(stack, client):
+    done = client.responses.create(model=MODEL, input="delete shape")
+    reply = httpx.delete(f"{stack.base_url}/responses/{done.id}", headers=stack.headers(), timeout=10)
+    assert reply.json() == {"id": done.id, "object": "response.deleted", "deleted": True}
+
+
+def test_input_items_paging(client):
+    items = [{"role": "user", "content": f"message {i}"} for i in range(5)]
+    done = client.responses.create(model=MODEL, input=items)
+    page = client.responses.input_items.list(done.id, limit=2)
+    assert [i.content[0].text for i in page.data] == ["message 4", "message 3"]
+    assert page.has_more and page.first_id == page.data[0].id and page.last_id == page.data[-1].id
+    rest = client.responses.input_items.list(done.id, limit=10, after=page.last_id)
+    assert [i.content[0].text for i in rest.data] == ["message 2", "message 1", "message 0"]
+    assert not rest.has_more
+    ascending = client.responses.input_items.list(done.id, order="asc")
+    assert [i.content[0].text for i in ascending.data] == [f"message {i}" for i in range(5)]
+    every = [i.content[0].text for i in client.responses.input_items.list(done.id, limit=1, order="asc")]
+    assert every == [f"message {i}" for i in range(5)]  # the SDK's auto-pagination
+
+
+@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 101}, {"order": "sideways"}, {"after": "nope"},
+                                    {"include[]": "bogus"}])
+def test_input_items_bad_parameters(stack, client, params):
+    done = client.responses.create(model=MODEL, input="params")
+    reply = httpx.get(f"{stack.base_url}/responses/{done.id}/input_items", params=params, headers=stack.headers(),
+                      timeout=10)
+    assert reply.status_code == 400 and reply.json()["error"]["message"]
+
+
+def test_previous_response_id_carries_the_conversation(client):
+    first = client.responses.create(model=MODEL, input="first turn", instructions="Be brief.")
+    second = client.responses.create(model=MODEL, input="second turn", previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    assert second.instructions is None  # not inherited
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.output_text == "Steno simulator reply: second turn"
+
+
+def test_unknown_previous_response_is_a_400(stack):
+    reply = httpx.post(f"{stack.base_url}/responses", headers=stack.headers(),
+                       json={"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}, timeout=10)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "previous_response_not_found"
+    assert reply.json()["error"]["param"] == "previous_response_id"
+
+
+def test_store_false_is_not_retrievable_nor_chainable(client):
+    unstored = client.responses.create(model=MODEL, input="ephemeral", store=False)
+    assert unstored.status == "completed" and unstored.output_text
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=MODEL, input="next", previous_response_id=unstored.id)
+    assert info.value.code == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="x", store=False, background=True)
+
+
+def test_store_false_stream_still_streams(client):
+    with client.responses.stream(model=MODEL, input="ephemeral stream", store=False) as stream:
+        events = list(stream)
+    assert events[-1].type == "response.completed"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "ok"),
+    [({f"k{i}": "v" for i in range(16)}, True), ({f"k{i}": "v" for i in range(17)}, False),
+     ({"k" * 65: "v"}, False), ({"k": "v" * 513}, False)],
+)
+def test_metadata_limits(client, metadata, ok):
+    if ok:
+        assert client.responses.create(model=MODEL, input="m", metadata=metadata).metadata == metadata
+    else:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(model=MODEL, input="m", metadata=metadata)
+        assert info.value.body["param"] == "metadata"
+
+
+def test_unknown_model_is_a_404_soon(client):
+    started = time.monotonic()
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="no-such-model", input="x")
+    assert info.value.code == "model_not_found"
+    assert time.monotonic() - started < 5
+
+
+def test_oversized_body_is_a_413(stack):
+    reply = httpx.post(f"{stack.base_url}/responses", headers=stack.headers(), timeout=30,
+                       json={"model": MODEL, "input": "x" * (33 * 1024 * 1024)})
+    assert reply.status_code == 413
+    assert reply.json()["error"]["message"]
+
+
+def test_client_hang_up_does_not_stop_background_generation(stack, client):
+    created = client.responses.create(model=SLOW_MODEL, input="keep going", background=True)
+    with httpx.stream("GET", f"{stack.base_url}/responses/{created.id}", params={"stream": "true"},
+                      headers=stack.headers(), timeout=30) as reply:
+        sse_events(reply, stop_after=3)
+    deadline = time.monotonic() + 30
+    while client.responses.retrieve(created.id).status != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_include_logprobs_is_accepted_and_unknown_include_rejected(client):
+    done = client.responses.create(model=MODEL, input="x", include=["message.output_text.logprobs"])
+    assert done.status == "completed"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="x", include=["everything"])
+
+
+def test_concurrent_streams_are_each_gapless(stack):
+    async def one(i: int):
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", f"{stack.base_url}/responses", headers=stack.headers(),
+                                   json={"model": MODEL, "input": f"stream {i}", "stream": True}) as reply:
+                events = [orjson.loads(line[6:]) async for line in reply.aiter_lines() if line.startswith("data: ")]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        return events[-1]["response"]["output"][-1]["content"][0]["text"]
+
+    async def many():
+        return await asyncio.gather(*(one(i) for i in range(20)))
+
+    texts = asyncio.run(many())
+    assert texts == [f"Steno simulator reply: stream {i}" for i in range(20)]
