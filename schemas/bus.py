@@ -47,6 +47,9 @@ class TokenBatch(BaseModel):
     attempt: int
     batch_no: int
     token_ids: list[int]
+    # On the first batch of a later attempt (a worker took the request over): how many
+    # output tokens the earlier attempts had published, which this attempt continues.
+    resumed_after: int | None = None
     # Parallel to token_ids when the request asked for logprobs.
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -62,6 +65,7 @@ class GenerationEnded(BaseModel):
     batch_count: int
     finish_reason: FinishReason
     prompt_tokens: int
+    # All output tokens of the response, earlier attempts included.
     output_tokens: int
     cached_tokens: int | None = None
     error_code: str | None = None

@@ -10,6 +10,7 @@ class ParseContext(BaseModel):
 
     v: int = 1
     include_logprobs: bool = False
+    prompt_tokens: int = 0
     # Qualified names the model was offered under ``functions.``: plain tools "name",
     # namespaced tools "namespace.name".
     function_tools: list[str] = []

@@ -344,4 +344,5 @@ def render_prompt(
 ) -> RenderedPrompt:
     conversation, offered = build_conversation(request, created_at, history)
     token_ids = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
-    return RenderedPrompt(token_ids, offered.parse_context(include_logprobs))
+    context = offered.parse_context(include_logprobs).model_copy(update={"prompt_tokens": len(token_ids)})
+    return RenderedPrompt(token_ids, context)

@@ -95,6 +95,14 @@ class Names:
     def workers_bucket(self) -> str:
         return f"{self.namespace}_workers"
 
+    @property
+    def parser_leases_bucket(self) -> str:
+        return f"{self.namespace}_parser_leases"
+
+    @property
+    def parsers_bucket(self) -> str:
+        return f"{self.namespace}_parsers"
+
 
 async def connect(url: str, name: str) -> Client:
     async def on_error(exc: Exception) -> None:
@@ -142,7 +150,8 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
     )
 
 
-async def _bucket(js: JetStreamContext, name: str, ttl_s: float) -> KeyValue:
+async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float) -> KeyValue:
+    """Opens a KV bucket, creating it on first use."""
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
@@ -151,21 +160,23 @@ async def _bucket(js: JetStreamContext, name: str, ttl_s: float) -> KeyValue:
 
 async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:
     """Responses whose cancellation was asked for (key: response id)."""
-    return await _bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S)
+    return await kv_bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S)
 
 
 async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     """Models some live worker serves (key: model token), refreshed by the workers."""
-    return await _bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S)
+    return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S)
 
 
-def durable_pull_config(durable: str, filter_subject: str, max_deliver: int, max_ack_pending: int) -> ConsumerConfig:
+def durable_pull_config(
+    durable: str, filter_subject: str, max_deliver: int, max_ack_pending: int, ack_wait_s: float = ACK_WAIT_S
+) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=durable,
         filter_subject=filter_subject,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        ack_wait=ACK_WAIT_S,
+        ack_wait=ack_wait_s,
         max_deliver=max_deliver,
         max_ack_pending=max_ack_pending,
     )

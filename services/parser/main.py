@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import secrets
+import socket
 
 from services.common import bus, db
 from services.common.config import Settings
@@ -23,12 +26,16 @@ def run(_: argparse.Namespace) -> None:
         encoding = harmony_encoding()
         nc = await bus.connect(settings.nats_url, "steno-parser")
         pool = await db.create_pool(settings.database_url)
-        service = ParserService(nc, pool, bus.Names(settings.namespace, settings.token_partitions), encoding)
+        instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        service = ParserService(
+            nc, pool, bus.Names(settings.namespace, settings.token_partitions), encoding, instance_id
+        )
         task = asyncio.create_task(service.run())
-        log.info("parser ready")
+        log.info("parser %s ready", instance_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await service.stop()
         await nc.flush()
         await nc.close()
         await pool.close()

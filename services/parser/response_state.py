@@ -39,9 +39,11 @@ class ResponseState:
         self._encoding = encoding
         self._splitter = HarmonyStreamSplitter(encoding)
         self._builder = ResponseBuilder(response_id, base_snapshot, context, self._decode_token)
+        self._context = context
         self._started = False
         self.attempt = 0
         self.next_batch_no = 0
+        self.output_tokens = 0
         self.finished = False
 
     def _decode_token(self, token_id: int) -> str:
@@ -73,10 +75,31 @@ class ResponseState:
         self._started = True
         return self._builder.start()
 
+    def failure(self, message: str) -> GenerationEnded:
+        """The end to record for a response the pipeline cannot finish (it is applied like
+        any end, and stored, so a re-parse reaches the same failure)."""
+        return GenerationEnded(
+            response_id=self.response_id,
+            attempt=self.attempt,
+            batch_count=self.next_batch_no,
+            finish_reason="error",
+            prompt_tokens=self._context.prompt_tokens,
+            output_tokens=self.output_tokens,
+            error_code="server_error",
+            error_message=message,
+        )
+
     def apply_batch(self, batch: TokenBatch) -> Applied | None:
         if self.is_duplicate(batch.attempt, batch.batch_no):
             return None
+        continues = batch.attempt == self.attempt
         self._check_order(batch.attempt, batch.batch_no)
+        if not continues and batch.resumed_after not in (None, self.output_tokens):
+            diverged = self.failure(
+                f"A worker took the request over after {batch.resumed_after} tokens, but {self.output_tokens}"
+                " had been published: the output cannot be continued."
+            )
+            return self.apply_end(diverged)
         events = self._start_events()
         if not batch.token_ids:
             # The worker's keepalive after a long silence: say the response is alive.
@@ -85,6 +108,7 @@ class ResponseState:
             fragments = self._splitter.feed(batch.token_ids)
             events += self._builder.consume(fragments, batch.token_ids, batch.logprobs, batch.top_logprobs)
         self.next_batch_no += 1
+        self.output_tokens += len(batch.token_ids)
         return Applied(events, finished=False)
 
     def apply_end(self, ended: GenerationEnded) -> Applied | None:

@@ -22,8 +22,9 @@ from pydantic import ValidationError
 
 from schemas.bus import GenerationEnded, TokenBatch, token_stream_message
 from schemas.events import CommittedEvents
-from services.common.bus import Names, durable_pull_config, ensure_streams
+from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
 from services.parser.event_log import EventLog, ResponseWrite
+from services.parser.leases import PartitionLeases
 from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
 
@@ -32,39 +33,82 @@ log = logging.getLogger(__name__)
 FETCH_BATCH = 256
 MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
+# The parser acks within milliseconds of a fetch; what a dead parser had fetched comes
+# back to the partition's next holder after this.
+TOKENS_ACK_WAIT_S = 5.0
+# A batch that fails this many deliveries in a row fails its response.
+POISON_DELIVERIES = 4
 
 
 class ParserService:
-    def __init__(self, nc: Client, pool: asyncpg.Pool, names: Names, encoding: HarmonyEncoding) -> None:
+    def __init__(
+        self, nc: Client, pool: asyncpg.Pool, names: Names, encoding: HarmonyEncoding, instance_id: str
+    ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._log = EventLog(pool)
         self._names = names
         self._encoding = encoding
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
+        self._leases = PartitionLeases(self._js, names, instance_id)
+        self._consumers: dict[int, asyncio.Task] = {}
 
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
-        await asyncio.gather(*(self._consume(p) for p in range(self._names.token_partitions)))
+        for partition in range(self._names.token_partitions):
+            await self._js.add_consumer(
+                self._names.tokens_stream,
+                durable_pull_config(
+                    self._names.parser_consumer(partition),
+                    self._names.tokens_partition_filter(partition),
+                    MAX_DELIVER,
+                    max_ack_pending=10_000,
+                    ack_wait_s=TOKENS_ACK_WAIT_S,
+                ),
+            )
+        await self._leases.run(self._start_partition, self._stop_partition)
+
+    async def stop(self) -> None:
+        """Hands every partition back at once, so another parser need not wait for expiry."""
+        await self._leases.release_all(self._stop_partition)
+
+    async def _start_partition(self, partition: int) -> None:
+        self._consumers[partition] = asyncio.create_task(self._consume(partition))
+
+    async def _stop_partition(self, partition: int) -> None:
+        task = self._consumers.pop(partition, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        # Another parser may write these responses now: what we know of them goes stale.
+        for response_id in [r for r in self._states if partition_of(r, self._names.token_partitions) == partition]:
+            del self._states[response_id]
 
     async def _consume(self, partition: int) -> None:
         names = self._names
         durable = names.parser_consumer(partition)
-        await self._js.add_consumer(
-            names.tokens_stream,
-            durable_pull_config(durable, names.tokens_partition_filter(partition), MAX_DELIVER, max_ack_pending=10_000),
-        )
         subscription = await self._js.pull_subscribe_bind(durable, stream=names.tokens_stream)
-        while True:
-            try:
-                messages = await subscription.fetch(FETCH_BATCH, timeout=1.0)
-            except (NatsTimeoutError, asyncio.TimeoutError):
-                continue
-            except Exception:
-                log.exception("fetching tokens failed; retrying")
-                await asyncio.sleep(RETRY_DELAY_S)
-                continue
-            await self.process(messages)
+        try:
+            while True:
+                try:
+                    messages = await subscription.fetch(FETCH_BATCH, timeout=1.0)
+                except (NatsTimeoutError, asyncio.TimeoutError):
+                    continue
+                except Exception:
+                    log.exception("fetching tokens failed; retrying")
+                    await asyncio.sleep(RETRY_DELAY_S)
+                    continue
+                try:
+                    await self.process(messages)
+                except Exception:
+                    # Postgres unreachable while loading a state, say: everything comes back.
+                    log.exception("processing %d messages failed; they will be redelivered", len(messages))
+                    for msg in messages:
+                        with suppress(Exception):
+                            await msg.nak(delay=RETRY_DELAY_S)
+        finally:
+            with suppress(Exception):
+                await subscription.unsubscribe()
 
     async def _state_for(self, response_id: str) -> ResponseState | None:
         state = self._states.get(response_id)
@@ -83,6 +127,18 @@ class ParserService:
                 state.apply_end(message)
         self._states[response_id] = state
         return state
+
+    async def _fail_poisoned(self, response_id: str, write: ResponseWrite, exc: Exception) -> None:
+        """Ends a response whose next batch keeps breaking the parser: failed, visibly,
+        with the end recorded so a re-parse reaches the same failure."""
+        state = await self._state_for(response_id)
+        if state is None or state.finished:
+            return
+        ended = state.failure(f"The model output could not be processed ({type(exc).__name__}); giving up.")
+        applied = state.apply_end(ended)
+        write.events += applied.events
+        write.consumed.append(ended)
+        write.final_snapshot = state.final_snapshot
 
     async def process(self, messages: list[Msg]) -> None:
         by_response: dict[str, list[tuple[Msg, TokenBatch | GenerationEnded]]] = {}
@@ -106,8 +162,8 @@ class ParserService:
                 continue
             write = ResponseWrite(response_id)
             for position, (msg, decoded) in enumerate(items):
+                was_started = state.started
                 try:
-                    was_started = state.started
                     if isinstance(decoded, TokenBatch):
                         applied = state.apply_batch(decoded)
                     else:
@@ -116,11 +172,14 @@ class ParserService:
                     log.info("%s; retrying later", exc)
                     to_retry += [m for m, _ in items[position:]]
                     break
-                except Exception:
+                except Exception as exc:
                     log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
                     self._states.pop(response_id, None)
-                    to_retry += [m for m, _ in items]
-                    write = None
+                    if position == 0 and msg.metadata.num_delivered >= POISON_DELIVERIES:
+                        await self._fail_poisoned(response_id, write, exc)
+                        to_ack += [m for m, _ in items]
+                    else:
+                        to_retry += [m for m, _ in items[position:]]
                     break
                 to_ack.append(msg)
                 if applied is None:
@@ -130,7 +189,7 @@ class ParserService:
                 write.started = write.started or (state.started and not was_started)
                 if applied.finished:
                     write.final_snapshot = state.final_snapshot
-            if write is not None and (write.events or write.consumed):
+            if write.events or write.consumed:
                 writes.append(write)
 
         try:

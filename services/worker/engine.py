@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Protocol, Sequence
 
 from schemas.bus import FinishReason, SamplingParams
 
@@ -33,8 +33,16 @@ class Engine(Protocol):
     name: str
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
-    ) -> AsyncIterator[EngineOutput]: ...
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        prior_output: Sequence[int] = (),
+    ) -> AsyncIterator[EngineOutput]:
+        """Streams the output after ``prior_output`` (tokens an earlier attempt already
+        published, which the engine continues; ``sampling.max_tokens`` counts only new
+        tokens). An engine that cannot continue raises EngineError."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -16,13 +16,13 @@ import re
 import time
 import zlib
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 import orjson
 from openai_harmony import HarmonyEncoding, Message, Role
 
 from schemas.bus import SamplingParams
-from services.worker.engine import EngineOutput
+from services.worker.engine import EngineError, EngineOutput
 
 START, END, MESSAGE, RETURN, CALL = "<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>"
 _TOOL_DECLARATION = re.compile(r"^type ([\w.-]+) = \((?:_: \{\n(.*?)\n\})?\) => any;", re.S | re.M)
@@ -142,9 +142,16 @@ class SimulatorEngine:
         self._aborted: set[str] = set()
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        prior_output: Sequence[int] = (),
     ) -> AsyncIterator[EngineOutput]:
         tokens = completion_tokens(self._encoding, read_prompt(self._encoding, prompt_token_ids))
+        if list(prior_output) != tokens[: len(prior_output)]:
+            raise EngineError("cannot continue: the earlier output is not this simulator's completion")
+        tokens = tokens[len(prior_output):]
         finish = "stop"
         if sampling.max_tokens is not None and len(tokens) > sampling.max_tokens:
             tokens, finish = tokens[: sampling.max_tokens], "length"

@@ -9,12 +9,13 @@ is loaded only because structured outputs build their token masks from it; witho
 Structured outputs and Harmony. vLLM applies a ``text.format`` to a gpt-oss model's
 *final* message only in its OpenAI server layer (its Harmony parser rewrites the
 constraint into an xgrammar structural tag); ``AsyncLLM`` applies whatever it is given
-from the first completion token. So this engine builds that structural tag itself
+from the first completion token. So this engine builds such a structural tag itself
 (scope ``final``, the default, since Steno's prompts and parser are Harmony): an optional
-free-text ``analysis`` message, then a ``final`` message whose header declares JSON and
-whose content must match the schema, closed by a stop token (``<|return|>``). Scope
-``whole`` constrains the entire completion instead (a model that does not speak Harmony).
-With a ``text.format`` the model cannot call tools in that turn (as in vLLM).
+free ``analysis`` message, then a ``final`` message whose header declares JSON and whose
+content must match the schema, closed by a stop token (``<|return|>``). Unlike vLLM's
+tag, the Harmony framing is matched as special *tokens*, not as text. Scope ``whole``
+constrains the entire completion instead (a model that does not speak Harmony). With a
+``text.format`` the model cannot call tools in that turn (as in vLLM).
 
 Failures: anything vLLM raises for one request becomes ``EngineError`` (the response
 fails visibly); the engine core dying becomes ``EngineDead`` and ``wait_until_dead``
@@ -53,15 +54,18 @@ LOGPROB_FLOOR = -9999.0
 # Abort orders for requests this engine has not seen (yet) are kept this long.
 ABORT_MEMORY_S = 600.0
 
-# Harmony framing for the ``final`` scope (what vLLM's gpt-oss parser allows for JSON).
-ANALYSIS_BEGIN = "<|channel|>analysis<|message|>"
-MESSAGE_END = "<|end|>"
-NEXT_ASSISTANT_MESSAGE = "<|start|>assistant"
-FINAL_JSON_BEGINS = ("<|channel|>final <|constrain|>json<|message|>", "<|channel|>final json<|message|>")
-# "" = the content may end right where a stop token (<|return|>) follows; xgrammar allows
-# stop tokens only once the grammar is complete. No "<|end|>": a final message closed by
-# <|end|> and then <|return|> is not Harmony.
-FINAL_END = [""]
+# Harmony's control tokens (o200k_harmony ids; checked against openai-harmony in the
+# tests). The ``final`` scope grammar frames messages with these *tokens*: matching their
+# text instead (as vLLM's string-based structural tag does) also admits the same text
+# spelled with ordinary tokens ("<", "|", "channel", ...), which is not Harmony.
+CHANNEL, MESSAGE, END, START, CONSTRAIN = 200005, 200008, 200007, 200006, 200003
+# Every id from here up is a special or reserved token; none belongs inside a message.
+FIRST_SPECIAL_TOKEN, HARMONY_VOCAB_SIZE = 199998, 201088
+# Texts that may not appear inside constrained JSON strings (and keys): xgrammar matches
+# JSON by text, and every special token's text would fit in a string, where the token
+# would end or break the Harmony message. Spelling them out is banned with them.
+SPECIAL_TEXTS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
+                 "<|startoftext|>", "<|endoftext|>", "<|endofprompt|>", "<|reserved_"]
 
 
 @dataclass(frozen=True)
@@ -113,30 +117,53 @@ class VllmOptions:
         return AsyncEngineArgs(**kwargs)
 
 
+def _token(token_id: int) -> dict:
+    return {"type": "token", "token": token_id}
+
+
+def _text(value: str) -> dict:
+    return {"type": "const_string", "value": value}
+
+
 def harmony_json_tag(schema: dict, max_whitespace: int | None) -> dict:
-    """xgrammar structural tag: [analysis message] then a final JSON message."""
+    """xgrammar structural tag for a Harmony completion (the prompt ends with
+    ``<|start|>assistant``) whose final message must be JSON matching ``schema``:
+
+        [<|channel|>analysis<|message|> free text <|end|><|start|>assistant]
+        <|channel|>final( <|constrain|>json| json)<|message|> JSON
+
+    then a stop token (``<|return|>``), the only thing xgrammar allows once the grammar
+    is complete. These are the shapes vLLM's gpt-oss parser accepts for a JSON format;
+    with one, the model cannot call tools in that turn (as in vLLM)."""
+    specials = list(range(FIRST_SPECIAL_TOKEN, HARMONY_VOCAB_SIZE))
     analysis = {
         "type": "optional",
         "content": {
             "type": "sequence",
             "elements": [
-                {"type": "tag", "begin": ANALYSIS_BEGIN, "content": {"type": "any_text"}, "end": MESSAGE_END},
-                {"type": "const_string", "value": NEXT_ASSISTANT_MESSAGE},
+                _token(CHANNEL), _text("analysis"), _token(MESSAGE),
+                {"type": "any_tokens", "exclude_tokens": specials},
+                _token(END), _token(START), _text("assistant"),
             ],
         },
     }
     final = {
-        "type": "or",
+        "type": "sequence",
         "elements": [
-            {"type": "tag", "begin": begin, "content": json_format(schema, max_whitespace), "end": FINAL_END}
-            for begin in FINAL_JSON_BEGINS
+            _token(CHANNEL), _text("final"),
+            {"type": "or", "elements": [
+                {"type": "sequence", "elements": [_text(" "), _token(CONSTRAIN), _text("json")]},
+                _text(" json"),
+            ]},
+            _token(MESSAGE),
+            json_format(schema, max_whitespace),
         ],
     }
     return {"type": "structural_tag", "format": {"type": "sequence", "elements": [analysis, final]}}
 
 
 def json_format(schema: dict, max_whitespace: int | None) -> dict:
-    content: dict[str, Any] = {"type": "json_schema", "json_schema": schema}
+    content: dict[str, Any] = {"type": "json_schema", "json_schema": schema, "excludes": SPECIAL_TEXTS}
     if max_whitespace is not None:
         content["max_whitespace_cnt"] = max_whitespace
     return content
@@ -155,14 +182,9 @@ def structured_outputs_params(
         schema = structured.json_schema
     else:
         schema = {"type": "object"}
-    if scope == "final":
-        return StructuredOutputsParams(structural_tag=json.dumps(harmony_json_tag(schema, max_whitespace)))
-    if max_whitespace is not None:
-        tag = {"type": "structural_tag", "format": json_format(schema, max_whitespace)}
-        return StructuredOutputsParams(structural_tag=json.dumps(tag))
-    if structured.kind == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    return StructuredOutputsParams(json=schema)
+    tag = harmony_json_tag(schema, max_whitespace) if scope == "final" else {
+        "type": "structural_tag", "format": json_format(schema, max_whitespace)}
+    return StructuredOutputsParams(structural_tag=json.dumps(tag))
 
 
 def _finite(logprob: float) -> float:

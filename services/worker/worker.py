@@ -4,7 +4,8 @@ Backpressure: the worker fetches a request only when one of its ``concurrency`` 
 is free, so waiting work stays in JetStream, never in worker memory. While a request
 runs the worker heartbeats it (in-progress acks); it acks only after the final
 GenerationEnded is stored in the TOKENS stream, so a worker that dies mid-generation
-has its request redelivered."""
+has its request redelivered. The delivery count is the attempt number; a later
+attempt reads what earlier ones published and continues from there."""
 
 from __future__ import annotations
 
@@ -16,12 +17,10 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
-
 from nats.js.errors import KeyNotFoundError
 
 from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
 from services.common.bus import (
-    ACK_WAIT_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
     cancel_flags,
@@ -30,7 +29,8 @@ from services.common.bus import (
     model_token,
     worker_registry,
 )
-from services.worker.engine import Engine, EngineError
+from services.worker.engine import Engine, EngineDead, EngineError
+from services.worker.prior_output import PriorOutput, read_prior_output
 from services.worker.token_batcher import PendingBatch, coalesce
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 # A request that keeps failing before its end is published (bus trouble, a crash loop)
 # is given up after this many deliveries.
 MAX_DELIVER = 5
-HEARTBEAT_S = ACK_WAIT_S / 3
+# A request whose worker stops heartbeating goes to another worker after this.
+WORK_ACK_WAIT_S = 10.0
+HEARTBEAT_S = 3.0
+# Publishing rides out a NATS restart this long before the attempt is abandoned.
+PUBLISH_PATIENCE_S = 60.0
 
 
 class GenerationWorker:
@@ -65,6 +69,7 @@ class GenerationWorker:
         self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
+        self.engine_dead = asyncio.Event()
 
     async def run(self) -> None:
         names = self._names
@@ -72,7 +77,9 @@ class GenerationWorker:
         durable = names.worker_consumer(self._model)
         await self._js.add_consumer(
             names.gen_stream,
-            durable_pull_config(durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000),
+            durable_pull_config(
+                durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=WORK_ACK_WAIT_S
+            ),
         )
         subscription = await self._js.pull_subscribe_bind(durable, stream=names.gen_stream)
         self._cancel_flags = await cancel_flags(self._js, names)
@@ -82,6 +89,16 @@ class GenerationWorker:
             await self._fetch_loop(subscription)
         finally:
             registration.cancel()
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``;
+        what is still running then is handed back for another worker to continue."""
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _register(self) -> None:
         """Tells the API this model is served, for as long as the worker runs."""
@@ -117,15 +134,14 @@ class GenerationWorker:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def stop(self, drain_timeout_s: float) -> None:
-        """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``."""
-        self._stopping.set()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
-
     async def _run_one(self, msg: Msg) -> None:
         try:
             await self._generate(msg)
+        except asyncio.CancelledError:
+            # Shutting down: hand the request back at once; the next attempt continues it.
+            with suppress(Exception):
+                await msg.nak()
+            raise
         except Exception:
             log.exception("generation failed on the bus; the request will be redelivered")
             with suppress(Exception):
@@ -143,13 +159,33 @@ class GenerationWorker:
                 if await self._cancelled(response_id):
                     await self._engine.abort(engine_request_id)
 
+    async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
+        """Publishes to JetStream, riding out a NATS restart; the message id makes a
+        retried publish harmless."""
+        deadline = time.monotonic() + PUBLISH_PATIENCE_S
+        delay = 0.05
+        while True:
+            try:
+                await self._js.publish(subject, body, headers={"Nats-Msg-Id": msg_id})
+                return
+            except Exception:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     async def _generate(self, msg: Msg) -> None:
         request = GenerationRequest.model_validate_json(msg.data)
         attempt = msg.metadata.num_delivered - 1
         rid = request.response_id
         subject = self._names.tokens_subject(rid)
+        prior = await read_prior_output(self._js, self._names, rid) if attempt > 0 else PriorOutput()
+        if prior.ended:
+            log.info("%s attempt %d: an earlier attempt already ended it", rid, attempt)
+            await msg.ack_sync()
+            return
         batch_no = 0
-        output_tokens = 0
+        output_tokens = len(prior.token_ids)
 
         async def publish_batch(pending: PendingBatch) -> None:
             nonlocal batch_no, output_tokens
@@ -158,41 +194,45 @@ class GenerationWorker:
                 attempt=attempt,
                 batch_no=batch_no,
                 token_ids=pending.token_ids,
+                resumed_after=len(prior.token_ids) if attempt > 0 and batch_no == 0 else None,
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
             )
-            await self._js.publish(
-                subject, batch.model_dump_json().encode(), headers={"Nats-Msg-Id": f"{rid}:{attempt}:{batch_no}"}
-            )
+            await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
             batch_no += 1
             output_tokens += len(pending.token_ids)
 
-        engine_request_id = f"{rid}:{attempt}"
-
-        async def on_cancel(_: Msg) -> None:
-            await self._engine.abort(engine_request_id)
-
         started = time.monotonic()
-        error: str | None = None
-        last = None
+        last, error = None, None
+        sampling = request.sampling
+        if sampling.max_tokens is not None:
+            sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(prior.token_ids)})
         if await self._cancelled(rid):
             finish = "cancelled"
+        elif sampling.max_tokens is not None and sampling.max_tokens <= 0:
+            finish = "length"
         else:
+            engine_request_id = f"{rid}:{attempt}"
+
+            async def on_cancel(_: Msg) -> None:
+                await self._engine.abort(engine_request_id)
+
             cancel_subscription = await self._nc.subscribe(self._names.cancel_subject(rid), cb=on_cancel)
             heartbeat = asyncio.create_task(self._heartbeat(msg, engine_request_id, rid))
             try:
                 # A cancel that landed between the check above and the subscription.
                 if await self._cancelled(rid):
                     await self._engine.abort(engine_request_id)
-                outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, request.sampling)
+                outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
                 last = await coalesce(
                     outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens, self._keepalive_s
                 )
             except EngineError as exc:
-                error = str(exc)
+                error = exc
             finally:
                 heartbeat.cancel()
-                await cancel_subscription.unsubscribe()
+                with suppress(Exception):
+                    await cancel_subscription.unsubscribe()
             finish = "error" if error is not None else (last.finish_reason if last else "stop")
         ended = GenerationEnded(
             response_id=rid,
@@ -203,12 +243,11 @@ class GenerationWorker:
             output_tokens=output_tokens,
             cached_tokens=last.cached_tokens if last else None,
             error_code="server_error" if error is not None else None,
-            error_message=error,
+            error_message=str(error) if error is not None else None,
         )
-        await self._js.publish(
-            subject, ended.model_dump_json().encode(), headers={"Nats-Msg-Id": f"{rid}:{attempt}:end"}
-        )
+        await self._publish(subject, ended.model_dump_json().encode(), f"{rid}:{attempt}:end")
         await msg.ack_sync()
-        log.info(
-            "%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens, time.monotonic() - started
-        )
+        log.info("%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens - len(prior.token_ids),
+                 time.monotonic() - started)
+        if isinstance(error, EngineDead):
+            self.engine_dead.set()

@@ -180,6 +180,15 @@ async def test_prefix_cache_hits_are_reported_as_cached_tokens(engine):
     assert second[-1].cached_tokens >= (first[-1].cached_tokens or 0)
 
 
+def test_the_grammar_uses_harmony_token_ids():
+    from services.worker import vllm_engine
+
+    for name in ("CHANNEL", "MESSAGE", "END", "START", "CONSTRAIN"):
+        assert getattr(vllm_engine, name) == token(f"<|{name.lower()}|>")
+    assert harmony_encoding().decode([vllm_engine.FIRST_SPECIAL_TOKEN]) == "<|startoftext|>"
+    assert harmony_encoding().decode([vllm_engine.FIRST_SPECIAL_TOKEN - 1]) == " cocos"  # the last BPE rank
+
+
 def final_json(tokens: list[int]):
     """Parses a Harmony completion; returns (channels, final message text)."""
     messages = harmony_encoding().parse_messages_from_completion_tokens(tokens, Role.ASSISTANT)
@@ -218,16 +227,26 @@ async def test_json_schema_constrains_the_harmony_final_message_after_free_reaso
     assert reasoned > 0
 
 
-async def test_json_object_gives_a_json_object(engine):
+async def test_json_object_keeps_the_final_message_inside_a_json_object(engine):
+    # A random model never closes a free-form key, so this runs to max_tokens; what it
+    # wrote must still be Harmony framing, then an object, with no special token inside.
     outputs = await collect(
         engine,
         "json-object",
-        SamplingParams(max_tokens=400, seed=1, stop_token_ids=stop_tokens(),
+        SamplingParams(max_tokens=120, seed=1, stop_token_ids=stop_tokens(),
                        structured_output=StructuredOutput(kind="json_object")),
     )
     assert outputs[-1].finish_reason in ("stop", "length")
+    tokens = all_tokens(outputs)
+    message = token("<|message|>")
+    header_end = len(tokens) - 1 - tokens[::-1].index(message)
+    body = tokens[header_end + 1:]
     if outputs[-1].finish_reason == "stop":
-        _, text = final_json(all_tokens(outputs))
+        body = body[:-1]
+    text = harmony_encoding().decode(body)
+    assert text.lstrip().startswith("{")
+    assert all(t < 199998 for t in body)
+    if outputs[-1].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
 
 
