@@ -42,7 +42,7 @@ class Services:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.names = bus.Names(settings.namespace, settings.token_partitions)
+        self.names = bus.Names.from_settings(settings)
 
     async def open(self) -> None:
         self.encoding = await asyncio.to_thread(harmony_encoding)

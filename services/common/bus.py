@@ -57,6 +57,7 @@ def partition_of(response_id: str, partitions: int) -> int:
 class Names:
     namespace: str
     token_partitions: int
+    replicas: int = 1
 
     @property
     def gen_stream(self) -> str:
@@ -103,13 +104,18 @@ class Names:
     def parsers_bucket(self) -> str:
         return f"{self.namespace}_parsers"
 
+    @classmethod
+    def from_settings(cls, settings) -> "Names":
+        return cls(settings.namespace, settings.token_partitions, settings.stream_replicas)
+
 
 async def connect(url: str, name: str) -> Client:
     async def on_error(exc: Exception) -> None:
         log.warning("nats: %s", exc)
 
     return await nats.connect(
-        url,
+        # Several servers (a cluster) may be given, comma-separated.
+        [server.strip() for server in url.split(",") if server.strip()],
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -135,6 +141,7 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             duplicate_window=DUPLICATE_WINDOW_S,
+            num_replicas=names.replicas,
         ),
     )
     await _ensure_stream(
@@ -146,26 +153,27 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             storage=StorageType.FILE,
             max_age=TOKENS_MAX_AGE_S,
             duplicate_window=DUPLICATE_WINDOW_S,
+            num_replicas=names.replicas,
         ),
     )
 
 
-async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float) -> KeyValue:
+async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int = 1) -> KeyValue:
     """Opens a KV bucket, creating it on first use."""
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
-        return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl_s, history=1))
+        return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl_s, history=1, replicas=replicas))
 
 
 async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:
     """Responses whose cancellation was asked for (key: response id)."""
-    return await kv_bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S)
+    return await kv_bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S, names.replicas)
 
 
 async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     """Models some live worker serves (key: model token), refreshed by the workers."""
-    return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S)
+    return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S, names.replicas)
 
 
 def durable_pull_config(

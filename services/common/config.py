@@ -19,6 +19,8 @@ class Settings:
     # How long a request for a model with no live worker waits for one before a 404.
     model_wait_s: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+    # JetStream replication of Steno's streams and buckets (3 on a 3-node cluster).
+    stream_replicas: int = 1
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -32,4 +34,5 @@ class Settings:
             auth_disabled=os.environ.get("STENO_AUTH", "required").lower() == "disabled",
             model_wait_s=float(os.environ.get("STENO_MODEL_WAIT_S", "5")),
             max_body_bytes=int(os.environ.get("STENO_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
+            stream_replicas=int(os.environ.get("STENO_STREAM_REPLICAS", "1")),
         )

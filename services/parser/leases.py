@@ -42,8 +42,8 @@ class PartitionLeases:
         return set(self._revisions)
 
     async def run(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
-        self._leases = await kv_bucket(self._js, self._names.parser_leases_bucket, LEASE_TTL_S)
-        self._members = await kv_bucket(self._js, self._names.parsers_bucket, LEASE_TTL_S)
+        self._leases = await kv_bucket(self._js, self._names.parser_leases_bucket, LEASE_TTL_S, self._names.replicas)
+        self._members = await kv_bucket(self._js, self._names.parsers_bucket, LEASE_TTL_S, self._names.replicas)
         while True:
             try:
                 await self._round(acquired, lost)

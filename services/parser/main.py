@@ -28,7 +28,7 @@ def run(_: argparse.Namespace) -> None:
         pool = await db.create_pool(settings.database_url)
         instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         service = ParserService(
-            nc, pool, bus.Names(settings.namespace, settings.token_partitions), encoding, instance_id
+            nc, pool, bus.Names.from_settings(settings), encoding, instance_id
         )
         task = asyncio.create_task(service.run())
         log.info("parser %s ready", instance_id)

@@ -96,19 +96,26 @@ def run(args: argparse.Namespace) -> None:
         )
         task = asyncio.create_task(worker.run())
         waits = [task, asyncio.create_task(stop.wait())]
+        # The engine dies (vLLM's engine core process is gone): noticed by polling the
+        # engine, or by the worker when a request fails with EngineDead.
         engine_death = None
         if hasattr(engine, "wait_until_dead"):
             engine_death = asyncio.create_task(engine.wait_until_dead())
             waits.append(engine_death)
+        worker_saw_death = getattr(worker, "engine_dead", None)
+        if worker_saw_death is not None:
+            waits.append(asyncio.create_task(worker_saw_death.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         failed = False
         if task.done() and task.exception():
             log.error("worker stopped: %s", task.exception())
             failed = True
         drain_s = args.drain_timeout
-        if engine_death is not None and engine_death.done():
-            log.error("the %s engine died (%s); stopping so that this worker is restarted", engine.name,
-                      engine_death.result())
+        died = (engine_death is not None and engine_death.done()) or (
+            worker_saw_death is not None and worker_saw_death.is_set())
+        if died:
+            cause = engine_death.result() if engine_death is not None and engine_death.done() else "a request saw it"
+            log.error("the %s engine died (%s); stopping so that this worker is restarted", engine.name, cause)
             failed, drain_s = True, min(drain_s, DEAD_ENGINE_DRAIN_S)
         await worker.stop(drain_s)
         task.cancel()

@@ -34,7 +34,7 @@ import time
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal, Sequence
 
 from schemas.bus import FinishReason, SamplingParams, StructuredOutput
 from services.worker.engine import EngineDead, EngineError, EngineOutput
@@ -292,13 +292,24 @@ class VllmEngine:
         return VllmSamplingParams(**kwargs)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        prior_output: Sequence[int] = (),
     ) -> AsyncIterator[EngineOutput]:
+        """Streams the completion of ``prompt_token_ids``. With ``prior_output`` (what an
+        earlier attempt already published) it continues after those tokens: they are
+        appended to the prompt, and ``sampling.max_tokens`` counts new tokens only. A
+        constrained (``text.format``) generation cannot be continued: the grammar would
+        start again where the earlier attempt left it half-way."""
         from vllm import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.dead is not None:
             raise EngineDead(f"the vLLM engine is dead: {self.dead}")
+        if prior_output and sampling.structured_output is not None:
+            raise EngineError("cannot continue a text.format (structured output) generation after a worker failover")
         try:
             params = self.sampling_params(sampling)
         except EngineError:
@@ -310,7 +321,8 @@ class VllmEngine:
             return
         top = sampling.top_logprobs or 0
         abort_sent = False
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params, request_id)
+        prompt = TokensPrompt(prompt_token_ids=[*prompt_token_ids, *prior_output])
+        stream = self._llm.generate(prompt, params, request_id)
         try:
             async with aclosing(stream):
                 async for output in stream:

@@ -273,3 +273,19 @@ async def test_a_prompt_longer_than_the_context_fails_the_request_not_the_engine
         await collect(engine, "bad-temperature", SamplingParams(max_tokens=5, temperature=-1))
     assert engine.dead is None
     assert (await collect(engine, "still-fine", SamplingParams(max_tokens=3)))[-1].finish_reason == "length"
+
+
+async def test_continues_after_the_output_of_an_earlier_attempt(engine):
+    first = all_tokens(await collect(engine, "first-attempt", SamplingParams(max_tokens=8, seed=4)))
+    continued = [o async for o in engine.generate("second-attempt", prompt(), SamplingParams(max_tokens=5), first)]
+    assert continued[-1].finish_reason == "length"
+    assert len(all_tokens(continued)) == 5  # max_tokens counts new tokens only
+    # The earlier output really is part of the context: a prompt that fits on its own
+    # no longer does with it.
+    long_prompt = [200] * 2040
+    assert (await collect(engine, "fits", SamplingParams(max_tokens=1), long_prompt))[-1].finish_reason == "length"
+    with pytest.raises(EngineError):
+        [o async for o in engine.generate("too-long-with-prior", long_prompt, SamplingParams(max_tokens=1), first)]
+    constrained = SamplingParams(max_tokens=5, structured_output=StructuredOutput(kind="json_object"))
+    with pytest.raises(EngineError, match="cannot continue"):
+        [o async for o in engine.generate("constrained", prompt(), constrained, first)]

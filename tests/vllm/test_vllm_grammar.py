@@ -70,7 +70,14 @@ def accepts(matcher, tokens: list[int]) -> bool:
 
 
 def encode(text: str) -> list[int]:
-    return harmony_encoding().encode(text, allowed_special="all")
+    """Special tokens as special tokens; text between backticks as ordinary tokens."""
+    tokens: list[int] = []
+    for index, part in enumerate(text.split("`")):
+        if index % 2:
+            tokens += harmony_encoding().encode(part, disallowed_special=())
+        else:
+            tokens += harmony_encoding().encode(part, allowed_special="all")
+    return tokens
 
 
 ANSWER = '{"color": "red", "note": "fine"}'
@@ -82,7 +89,7 @@ ANSWER = '{"color": "red", "note": "fine"}'
     [
         f"<|channel|>final <|constrain|>json<|message|>{ANSWER}<|return|>",
         f"<|channel|>final json<|message|>{ANSWER}<|return|>",
-        f"<|channel|>analysis<|message|>Think <|end|> first.<|end|><|start|>assistant"
+        f"<|channel|>analysis<|message|>Think `<|end|>` first.<|end|><|start|>assistant"
         f"<|channel|>final json<|message|>{ANSWER}<|return|>",
     ],
 )
@@ -113,7 +120,7 @@ def test_the_grammar_rejects_what_is_not_a_harmony_json_answer(matcher_for, comp
 @pytest.mark.vllm
 def test_the_grammar_wants_special_tokens_not_their_spelling(matcher_for):
     matcher = matcher_for(harmony_json_tag(SCHEMA, None))
-    spelled = harmony_encoding().encode("<|channel|>", disallowed_special=())  # ordinary tokens
+    spelled = encode("`<|channel|>`")  # ordinary tokens
     assert len(spelled) > 1
     assert not matcher.accept_token(spelled[0])
     assert matcher.accept_token(encode("<|channel|>")[0])
