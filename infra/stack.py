@@ -10,14 +10,11 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from infra.embedded import resolve
+from infra.processes import ServiceProcess, wait_healthy
 from services.common.migrate import ensure_database, upgrade
 
 STOP_TIMEOUT_S = 15.0
@@ -44,64 +41,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
 
 
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen | None = None
-    restarts: int = 0
-
-    def start(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(self.argv, env=env)
-
-    def exited(self) -> int | None:
-        return self.process.poll() if self.process else None
-
-
-def _steno(*args: str) -> list[str]:
-    return [sys.executable, "-m", "services.cli", *args]
-
-
-def _children(args: argparse.Namespace) -> list[Child]:
-    children = [Child(f"api-{i}", _steno("api", "--host", args.host, "--port", str(args.port + i)))
+def _children(args: argparse.Namespace) -> list[ServiceProcess]:
+    children = [ServiceProcess(f"api-{i}", ["api", "--host", args.host, "--port", str(args.port + i)])
                 for i in range(args.api)]
     children += [
-        Child(f"worker-{i}", _steno("worker", "--model", args.model, "--sim-tokens-per-s", str(args.sim_tokens_per_s),
-                                    "--sim-first-token-delay-ms", str(args.sim_first_token_delay_ms)))
+        ServiceProcess(f"worker-{i}", ["worker", "--model", args.model, "--sim-tokens-per-s",
+                                       str(args.sim_tokens_per_s), "--sim-first-token-delay-ms",
+                                       str(args.sim_first_token_delay_ms)])
         for i in range(args.workers)
     ]
-    children += [Child(f"parser-{i}", _steno("parser")) for i in range(args.parsers)]
+    children += [ServiceProcess(f"parser-{i}", ["parser"]) for i in range(args.parsers)]
     return children
 
 
-def _wait_healthy(url: str, children: list[Child], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for child in children:
-            if child.exited() is not None:
-                raise RuntimeError(f"{child.name} exited with {child.exited()} while starting")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the API did not answer at {url} within {timeout_s:.0f}s")
-
-
-def _stop(children: list[Child]) -> None:
+def _stop(children: list[ServiceProcess]) -> None:
     for child in children:
         if child.exited() is None:
             child.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for child in children:
-        if child.process is None:
-            continue
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
+        if child.process is not None:
+            child.stop(timeout_s=max(0.1, deadline - time.monotonic()))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -118,7 +78,7 @@ def run(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     infra = resolve(data_dir, force_embedded=args.embedded, log_line=say)
-    children: list[Child] = []
+    children: list[ServiceProcess] = []
     try:
         say(f"using {infra.describe()}")
         asyncio.run(ensure_database(infra.database_url))
@@ -135,7 +95,8 @@ def run(args: argparse.Namespace) -> None:
         for child in children:
             child.start(env)
         base = f"http://{args.host}:{args.port}"
-        _wait_healthy(base, children)
+        for child in children[: args.api]:
+            wait_healthy(f"http://{args.host}:{child.argv[-1]}", child)
         say(f"ready: base URL {base}/v1  (OPENAI_BASE_URL={base}/v1); Ctrl-C stops everything")
         while not stopping:
             time.sleep(0.2)

@@ -14,7 +14,7 @@ from infra.embedded import Infrastructure, resolve
 from services.common.config import Settings
 from services.common.db import asyncpg_dsn
 from services.common.migrate import ensure_database, upgrade
-from tests.stack import Stack
+from infra.processes import Stack
 
 SLOW_MODEL = "steno-slow"
 
@@ -42,6 +42,7 @@ def settings(infrastructure) -> Settings:
         database_url=database_url,
         namespace=f"t{run_id}",
         token_partitions=4,
+        model_wait_s=1.0,
     )
 
     async def drop() -> None:

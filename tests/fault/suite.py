@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import random
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from services.common.bus import Names
 from services.common.config import Settings
 from services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
-from tests.stack import Stack, wait_healthy
+from infra.processes import Stack, wait_healthy
 
 FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison"]
 MODEL = "steno-fault"
@@ -156,7 +155,7 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
 
 
 def _env(stack: Stack) -> dict[str, str]:
-    from tests.stack import service_env
+    from infra.processes import service_env
 
     return service_env(stack.settings)
 

@@ -5,7 +5,7 @@ import dataclasses
 import openai
 import pytest
 
-from tests.stack import Stack
+from infra.processes import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -5,12 +5,11 @@ import subprocess
 import sys
 
 import httpx
-import openai
 import orjson
 import pytest
 
 from tests.events_oracle import validate_response
-from tests.stack import service_env
+from infra.processes import service_env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.conftest import SLOW_MODEL
-from tests.stack import service_env
+from infra.processes import service_env
 
 pytestmark = pytest.mark.integration
 

