@@ -213,10 +213,10 @@ def make_requests(count: int, sampling: SamplingParams) -> list[GenerationReques
     ]
 
 
-async def bench_engine(args, name: str, engine, sampling: SamplingParams) -> Result:
-    result = Result(name, args.requests, args.concurrency)
-    await engine_alone(engine, make_requests(args.requests, sampling), result, args.phase_timeout)
-    await through_bus(args.nats_url, engine, make_requests(args.requests, sampling), result, args.phase_timeout,
+async def bench_engine(args, name: str, engine, sampling: SamplingParams, requests: int, concurrency: int) -> Result:
+    result = Result(name, requests, concurrency)
+    await engine_alone(engine, make_requests(requests, sampling), result, args.phase_timeout)
+    await through_bus(args.nats_url, engine, make_requests(requests, sampling), result, args.phase_timeout,
                       args.batch_interval_ms / 1000)
     return result
 
@@ -266,7 +266,8 @@ async def main(args) -> None:
     baseline = await baseline_publish(args.nats_url)
     if "simulator" in args.engines:
         simulator = SimulatorEngine(harmony_encoding(), SimulatorTiming(tokens_per_s=0))
-        results.append(await bench_engine(args, "simulator", simulator, SamplingParams(max_tokens=args.max_tokens)))
+        results.append(await bench_engine(args, "simulator", simulator, SamplingParams(max_tokens=args.max_tokens),
+                                          args.sim_requests, args.sim_concurrency))
     if "vllm" in args.engines:
         try:
             import vllm  # noqa: F401
@@ -279,7 +280,8 @@ async def main(args) -> None:
             try:
                 # No stop tokens: every request runs to max_tokens.
                 results.append(await bench_engine(args, "vllm-cpu tiny", engine,
-                                                  SamplingParams(max_tokens=args.max_tokens, temperature=1.0)))
+                                                  SamplingParams(max_tokens=args.max_tokens, temperature=1.0),
+                                                  args.requests, args.concurrency))
             finally:
                 await engine.close()
     print()
@@ -290,8 +292,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nats-url", default=os.environ.get("STENO_NATS_URL", "nats://127.0.0.1:4222"))
     parser.add_argument("--engines", default="simulator,vllm", help="comma-separated: simulator, vllm")
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=16, help="the worker's generation slots")
+    parser.add_argument("--requests", type=int, default=32, help="requests per run (vLLM)")
+    parser.add_argument("--concurrency", type=int, default=16, help="the worker's generation slots (vLLM)")
+    parser.add_argument("--sim-requests", type=int, default=512, help="requests per run (simulator)")
+    parser.add_argument("--sim-concurrency", type=int, default=64, help="the worker's generation slots (simulator)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-interval-ms", type=float, default=5.0, help="the worker's coalescing window")
     parser.add_argument("--phase-timeout", type=float, default=90.0, help="seconds per measured phase at most")

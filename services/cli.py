@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     key_actions.add_parser("revoke", help="revoke a key").add_argument("key_id")
     key_actions.add_parser("list", help="list keys (never the keys themselves)")
     keys.set_defaults(run=_keys)
+    bench = commands.add_parser("bench", help="benchmark the pipeline against an in-process server")
+    from benchmarks import harness
+
+    harness.add_arguments(bench)
+    bench.set_defaults(run=harness.main)
     audit = commands.add_parser("audit", help="re-parse a response from its stored tokens and compare with its log")
     audit.add_argument("response_id")
     audit.add_argument("--restore", action="store_true", help="write back events missing from the log")

@@ -53,6 +53,13 @@ def _structured_output(request: CreateResponseRequest) -> StructuredOutput | Non
     raise InvalidInput(f"unsupported text.format type {fmt['type']!r}", "text.format.type")
 
 
+def _stop_tokens(encoding: HarmonyEncoding) -> list[int]:
+    return list(_STOP_TOKENS.setdefault(encoding.name, tuple(encoding.stop_tokens_for_assistant_actions())))
+
+
+_STOP_TOKENS: dict[str, tuple[int, ...]] = {}
+
+
 def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
     """The Response object as created; every later snapshot starts from it."""
     return {
@@ -117,7 +124,7 @@ def plan_response(
         top_p=request.top_p,
         top_logprobs=(request.top_logprobs or 0) if wants_logprobs else None,
         seed=request.seed,
-        stop_token_ids=encoding.stop_tokens_for_assistant_actions(),
+        stop_token_ids=_stop_tokens(encoding),
         structured_output=_structured_output(request),
     )
     created = {"type": "response.created", "sequence_number": 0, "response": snapshot}

@@ -57,32 +57,25 @@ class ResponseStore:
         self._pool = pool
 
     async def create(self, new: NewResponse, first_events: list[LoggedEvent]) -> None:
-        """The response row, its input items and its first events, in one transaction."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "INSERT INTO responses (id, tenant_id, model, status, background, store, previous_response_id,"
-                " request, parse_context, base_snapshot)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::jsonb, $10::jsonb)",
-                new.response_id,
-                new.tenant_id,
-                new.model,
-                new.status,
-                new.background,
-                new.store,
-                new.previous_response_id,
-                _json(new.request),
-                _json(new.parse_context),
-                _json(new.base_snapshot),
-            )
-            if new.input_items:
-                await conn.executemany(
-                    "INSERT INTO response_input_items (response_id, position, item_id, item) VALUES ($1, $2, $3, $4::jsonb)",
-                    [(new.response_id, i, item["id"], _json(item)) for i, item in enumerate(new.input_items)],
-                )
-            await conn.executemany(
-                "INSERT INTO response_events (response_id, seq, type, payload) VALUES ($1, $2, $3, $4)",
-                [(new.response_id, e.seq, e.type, e.payload) for e in first_events],
-            )
+        """The response row, its input items and its first events: one statement, atomic."""
+        await self._pool.execute(
+            _CREATE,
+            new.response_id,
+            new.tenant_id,
+            new.model,
+            new.status,
+            new.background,
+            new.store,
+            new.previous_response_id,
+            _json(new.request),
+            _json(new.parse_context),
+            _json(new.base_snapshot),
+            [item["id"] for item in new.input_items],
+            [_json(item) for item in new.input_items],
+            [e.seq for e in first_events],
+            [e.type for e in first_events],
+            [e.payload for e in first_events],
+        )
 
     async def fail_unstarted(self, response_id: str, events: list[LoggedEvent], snapshot: dict[str, Any]) -> None:
         """Ends a response no worker will ever see (its work could not be published)."""
@@ -196,3 +189,20 @@ class ResponseStore:
     async def purge_expired(self) -> int:
         status = await self._pool.execute("DELETE FROM responses WHERE expires_at < now()")
         return int(status.split()[-1])
+
+
+_CREATE = """
+WITH response AS (
+    INSERT INTO responses (id, tenant_id, model, status, background, store, previous_response_id,
+                           request, parse_context, base_snapshot)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::jsonb, $10::jsonb)
+    RETURNING id
+), items AS (
+    INSERT INTO response_input_items (response_id, position, item_id, item)
+    SELECT (SELECT id FROM response), i.ordinality - 1, i.item_id, i.item::jsonb
+    FROM unnest($11::text[], $12::text[]) WITH ORDINALITY AS i(item_id, item, ordinality)
+)
+INSERT INTO response_events (response_id, seq, type, payload)
+SELECT (SELECT id FROM response), e.seq, e.type, e.payload
+FROM unnest($13::int[], $14::text[], $15::text[]) AS e(seq, type, payload)
+"""

@@ -3,7 +3,8 @@
 Subscribe to the live subject first, then replay from Postgres, so nothing committed
 in between is missed; live events at or below the cursor are dropped; a gap in live
 sequence numbers (core NATS may drop a message) is backfilled from Postgres; silence
-longer than ``poll_interval_s`` also triggers a read, so a NATS outage only delays."""
+longer than ``poll_interval_s`` also triggers a read (backing off while NATS is up and
+nothing comes), so a NATS outage only delays."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from schemas.events import CommittedEvents, LoggedEvent
 from services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
+# While NATS is connected and the response is silent, polling backs off to this, so
+# thousands of idle tails cost Postgres little.
+MAX_POLL_INTERVAL_S = 30.0
 # A Postgres outage shorter than this only delays a stream.
 OUTAGE_TOLERANCE_S = 30.0
 
@@ -52,6 +56,7 @@ class ResponseTail:
 
         subscription = await self._nc.subscribe(self._subject_for(response_id), cb=on_message)
         cursor = after
+        interval = poll_interval_s
         try:
             batch = await self._read_after(response_id, cursor)
             while True:
@@ -73,8 +78,11 @@ class ResponseTail:
                     if event.is_terminal:
                         return
                 try:
-                    batch = await asyncio.wait_for(live.get(), poll_interval_s)
+                    batch = await asyncio.wait_for(live.get(), interval)
+                    interval = poll_interval_s
                 except asyncio.TimeoutError:
                     batch = await self._read_after(response_id, cursor)
+                    connected = self._nc.is_connected
+                    interval = min(interval * 2, MAX_POLL_INTERVAL_S) if connected and not batch else poll_interval_s
         finally:
             await subscription.unsubscribe()

@@ -79,44 +79,43 @@ class EventLog:
         return [_stored_message(response_id, row) for row in rows]
 
     async def commit(self, writes: list[ResponseWrite]) -> None:
+        """Everything in one statement: one round trip, atomic."""
         events = [(w.response_id, e.seq, e.type, e.payload) for w in writes for e in w.events]
         tokens = [_token_row(w.response_id, m) for w in writes for m in w.consumed]
-        async with self._pool.acquire() as conn, conn.transaction():
-            if events:
-                await conn.execute(
-                    "INSERT INTO response_events (response_id, seq, type, payload)"
-                    " SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])"
-                    " ON CONFLICT DO NOTHING",
-                    *map(list, zip(*events)),
-                )
-            if tokens:
-                await conn.execute(
-                    "INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)"
-                    " SELECT r, a, b, t::int[], l::jsonb, e::jsonb"
-                    " FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::text[], $6::text[])"
-                    "   AS u(r, a, b, t, l, e)"
-                    " ON CONFLICT DO NOTHING",
-                    *map(list, zip(*tokens)),
-                )
-            started = [w.response_id for w in writes if w.started and w.final_snapshot is None]
-            if started:
-                await conn.execute(
-                    "UPDATE responses SET status = 'in_progress', updated_at = now()"
-                    " WHERE id = ANY($1::text[]) AND status = 'queued'",
-                    started,
-                )
-            for w in writes:
-                if w.final_snapshot is not None:
-                    snapshot = w.final_snapshot
-                    await conn.execute(
-                        "UPDATE responses SET status = $2, snapshot = $3::jsonb, usage = $4::jsonb,"
-                        " error = $5::jsonb, completed_at = now(), updated_at = now(),"
-                        # A response that is not to be stored lives on only for its running stream.
-                        f" expires_at = CASE WHEN store THEN expires_at ELSE now() + interval '{UNSTORED_GRACE}' END"
-                        " WHERE id = $1",
-                        w.response_id,
-                        snapshot["status"],
-                        orjson.dumps(snapshot).decode(),
-                        orjson.dumps(snapshot.get("usage")).decode(),
-                        orjson.dumps(snapshot.get("error")).decode(),
-                    )
+        started = [w.response_id for w in writes if w.started and w.final_snapshot is None]
+        finals = [
+            (w.response_id, w.final_snapshot["status"], orjson.dumps(w.final_snapshot).decode(),
+             orjson.dumps(w.final_snapshot.get("usage")).decode(), orjson.dumps(w.final_snapshot.get("error")).decode())
+            for w in writes
+            if w.final_snapshot is not None
+        ]
+        columns = lambda rows, width: [list(c) for c in zip(*rows)] if rows else [[] for _ in range(width)]  # noqa: E731
+        await self._pool.execute(
+            _COMMIT, *columns(events, 4), *columns(tokens, 6), started, *columns(finals, 5)
+        )
+
+
+_COMMIT = f"""
+WITH new_events AS (
+    INSERT INTO response_events (response_id, seq, type, payload)
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
+    ON CONFLICT DO NOTHING
+), new_tokens AS (
+    INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)
+    SELECT r, a, b, t::int[], l::jsonb, e::jsonb
+    FROM unnest($5::text[], $6::int[], $7::int[], $8::text[], $9::text[], $10::text[]) AS u(r, a, b, t, l, e)
+    ON CONFLICT DO NOTHING
+), started AS (
+    UPDATE responses SET status = 'in_progress', updated_at = now()
+    WHERE id = ANY($11::text[]) AND status = 'queued'
+), finished AS (
+    UPDATE responses AS r
+    SET status = f.status, snapshot = f.snapshot::jsonb, usage = f.usage::jsonb, error = f.error::jsonb,
+        completed_at = now(), updated_at = now(),
+        -- A response that is not to be stored lives on only for its running stream.
+        expires_at = CASE WHEN r.store THEN r.expires_at ELSE now() + interval '{UNSTORED_GRACE}' END
+    FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) AS f(id, status, snapshot, usage, error)
+    WHERE r.id = f.id
+)
+SELECT 1
+"""

@@ -25,7 +25,8 @@ def run(_: argparse.Namespace) -> None:
     async def main(stop: asyncio.Event) -> None:
         encoding = harmony_encoding()
         nc = await bus.connect(settings.nats_url, "steno-parser")
-        pool = await db.create_pool(settings.database_url)
+        # One connection per partition it may hold, so commits never queue for a connection.
+        pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
         instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         service = ParserService(
             nc, pool, bus.Names.from_settings(settings), encoding, instance_id

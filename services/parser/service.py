@@ -31,6 +31,7 @@ from services.parser.response_state import OutOfOrder, ResponseState
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
+BUSY_FETCH_WAIT_S = 0.002
 MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
 # The parser acks within milliseconds of a fetch; what a dead parser had fetched comes
@@ -88,16 +89,19 @@ class ParserService:
         names = self._names
         durable = names.parser_consumer(partition)
         subscription = await self._js.pull_subscribe_bind(durable, stream=names.tokens_stream)
+        busy = False
         try:
             while True:
                 try:
-                    messages = await subscription.fetch(FETCH_BATCH, timeout=1.0)
+                    messages = await self._fetch(subscription, busy)
                 except (NatsTimeoutError, asyncio.TimeoutError):
+                    busy = False
                     continue
                 except Exception:
                     log.exception("fetching tokens failed; retrying")
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
+                busy = True
                 try:
                     await self.process(messages)
                 except Exception:
@@ -109,6 +113,15 @@ class ParserService:
         finally:
             with suppress(Exception):
                 await subscription.unsubscribe()
+
+    @staticmethod
+    async def _fetch(subscription, busy: bool) -> list[Msg]:
+        """Idle: wait for one message (nats-py returns it at once). Busy: take what is
+        there, up to a batch, with almost no wait. (A single lingering fetch of a whole
+        batch would hold the first message until the batch fills or the wait ends.)"""
+        if busy:
+            return await subscription.fetch(FETCH_BATCH, timeout=BUSY_FETCH_WAIT_S)
+        return await subscription.fetch(1, timeout=1.0)
 
     async def _state_for(self, response_id: str) -> ResponseState | None:
         state = self._states.get(response_id)

@@ -36,8 +36,10 @@ async def coalesce(
     keepalive_s: float | None = None,
 ) -> EngineOutput | None:
     """Drains ``outputs`` into ``flush`` calls; returns the output that carried the finish
-    reason (None when the engine stopped without one). After ``keepalive_s`` without a
-    flush it flushes an empty batch, which the parser turns into a keepalive event."""
+    reason (None when the engine stopped without one). The first tokens go out at once
+    (time to first token is what users feel); later ones are coalesced. After
+    ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
+    into a keepalive event."""
     queue: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
     async def produce() -> None:
@@ -52,6 +54,7 @@ async def coalesce(
     deadline: float | None = None
     last: EngineOutput | None = None
     last_flush = time.monotonic()
+    flushed_tokens = False
     try:
         while True:
             wake = deadline
@@ -75,10 +78,11 @@ async def coalesce(
                     break
                 if deadline is None and pending.token_ids:
                     deadline = time.monotonic() + interval_s
-            if pending.token_ids and (output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens):
+            due = output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens or not flushed_tokens
+            if pending.token_ids and due:
                 await flush(pending)
                 pending, deadline = PendingBatch(), None
-                last_flush = time.monotonic()
+                last_flush, flushed_tokens = time.monotonic(), True
         if pending.token_ids:
             await flush(pending)
         await producer  # re-raises what the engine raised

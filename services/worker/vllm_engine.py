@@ -254,7 +254,7 @@ class VllmEngine:
 
     @property
     def dead(self) -> BaseException | None:
-        if self._dead is None and getattr(self._llm, "errored", False):
+        if self._dead is None and self._llm is not None and getattr(self._llm, "errored", False):
             self._dead = getattr(self._llm, "dead_error", None) or RuntimeError("vLLM engine errored")
         return self._dead
 
@@ -377,5 +377,9 @@ class VllmEngine:
             return
         self._closed = True
         self._aborted.clear()
-        if self._owns_llm:
-            self._llm.shutdown()
+        if self._owns_llm and self._llm is not None:
+            llm, self._llm = self._llm, None
+            llm.shutdown()
+            # AsyncLLM.__del__ shuts down again, at interpreter exit when it is still
+            # referenced somewhere, with half the modules gone (a noisy TypeError).
+            llm.shutdown = lambda *args, **kwargs: None

@@ -27,6 +27,12 @@ def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False):
     return asyncio.run(go()), flushed
 
 
+def test_first_tokens_go_out_at_once_then_are_coalesced():
+    outputs = [EngineOutput([i]) for i in range(6)] + [EngineOutput([6], finish_reason="stop")]
+    _, flushed = run(outputs, interval_s=10, max_tokens=100)
+    assert flushed == [[0], [1, 2, 3, 4, 5, 6]]
+
+
 def test_size_cap_splits_batches_and_keeps_every_token():
     outputs = [EngineOutput([i]) for i in range(10)] + [EngineOutput([10], finish_reason="stop")]
     last, flushed = run(outputs, interval_s=10, max_tokens=4)
@@ -57,7 +63,7 @@ def test_logprobs_follow_their_tokens():
         return await coalesce(source(outputs), flush, 10, 100)
 
     asyncio.run(go())
-    assert flushed == [([1, 2], [-1.0, -2.0])]
+    assert flushed == [([1], [-1.0]), ([2], [-2.0])]
 
 
 def test_silence_longer_than_the_keepalive_flushes_empty_batches():

@@ -1,0 +1,81 @@
+"""The baseline: the same engine streamed straight to SSE from one process, with no bus
+and no database, the way engine-embedded servers serve Responses. It renders the prompt,
+runs the simulator and folds its tokens through Steno's own pure parser, so the only
+difference from Steno is the pipeline (NATS, Postgres, separate processes).
+
+    python -m benchmarks.baseline --port 8190 [--sim-tokens-per-s 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from schemas.api import CreateResponseRequest
+from schemas.bus import GenerationEnded, SamplingParams, TokenBatch
+from schemas.ids import new_response_id
+from schemas.responses import ParseContext
+from services.api.response_plan import plan_response
+from services.common.harmony_vocab import harmony_encoding
+from services.edge import SSE_HEADERS, frame
+from services.parser.response_state import ResponseState
+from services.worker.simulator import SimulatorEngine, SimulatorTiming
+
+
+def create_app(timing: SimulatorTiming) -> FastAPI:
+    app = FastAPI()
+    encoding = harmony_encoding()
+    engine = SimulatorEngine(encoding, timing)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/v1/responses")
+    async def create(body: CreateResponseRequest) -> StreamingResponse:
+        response_id = new_response_id()
+        plan = plan_response(body, response_id, "baseline", int(time.time()), encoding)
+        state = ResponseState(response_id, plan.record.base_snapshot,
+                              ParseContext.model_validate(plan.record.parse_context), encoding)
+        prompt = plan.generation.prompt_token_ids
+
+        async def frames():
+            yield frame(plan.first_events[0])
+            batch_no, produced = 0, 0
+            sampling: SamplingParams = plan.generation.sampling
+            async for output in engine.generate(response_id, prompt, sampling):
+                if output.token_ids:
+                    batch = TokenBatch(response_id=response_id, attempt=0, batch_no=batch_no,
+                                       token_ids=output.token_ids)
+                    for event in state.apply_batch(batch).events:
+                        yield frame(event)
+                    batch_no += 1
+                    produced += len(output.token_ids)
+                if output.finish_reason:
+                    ended = GenerationEnded(response_id=response_id, attempt=0, batch_count=batch_no,
+                                            finish_reason=output.finish_reason, prompt_tokens=len(prompt),
+                                            output_tokens=produced)
+                    for event in state.apply_end(ended).events:
+                        yield frame(event)
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8190)
+    parser.add_argument("--sim-tokens-per-s", type=float, default=0.0)
+    parser.add_argument("--sim-chunk-tokens", type=int, default=16)
+    args = parser.parse_args()
+    timing = SimulatorTiming(tokens_per_s=args.sim_tokens_per_s, chunk_tokens=args.sim_chunk_tokens)
+    uvicorn.run(create_app(timing), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

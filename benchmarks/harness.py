@@ -1,0 +1,453 @@
+"""``steno bench``: what the pipeline costs, measured side by side with an in-process
+server on the same engine and prompts (results as JSON plus a PNG chart).
+
+Scenarios:
+  ttfe        time to first event added by the pipeline, p50/p99, at 1, 16, 128 streams
+  throughput  tokens/s and events/s end to end (simulator at full speed), scaling streams
+              until latency degrades, with each process's CPU use to show the bottleneck
+  parser      the parser and event log alone: token batches already on the bus, drained
+              as fast as the parser can; tokens/s and the cores it used
+  fanout      idle SSE tails held open on one edge process, and memory per tail
+  replay      time to replay a finished 10,000-event response to a client
+  storage     bytes per event and per token in Postgres
+
+NATS and Postgres are found like everything else (STENO_* variables, standard ports, or
+embedded); the run uses a namespace and a database of its own and removes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import nats
+import orjson
+from openai_harmony import Message, Role
+
+from infra.embedded import free_port, resolve
+from infra.processes import ServiceProcess, Stack, wait_healthy
+from schemas.api import CreateResponseRequest
+from schemas.bus import GenerationEnded, TokenBatch
+from schemas.responses import ParseContext
+from services.api.response_plan import plan_response
+from services.api.store import ResponseStore
+from services.common.bus import Names, ensure_streams
+from services.common.config import Settings
+from services.common.harmony_vocab import harmony_encoding
+from services.common.migrate import ensure_database, upgrade
+from services.parser.event_log import EventLog, ResponseWrite
+from services.parser.response_state import ResponseState
+from services.worker.simulator import completion_tokens, read_prompt
+
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage"]
+MODEL = "steno-simulator"
+IDLE_MODEL = "steno-idle"
+CONTENT_EVENTS = ("response.reasoning_text.delta", "response.output_text.delta")
+LONG_INPUT = " ".join(f"word{i}" for i in range(70))
+
+
+def answer_tokens(encoding, text: str) -> list[int]:
+    """A final-channel answer as the model emits it after the prompt's ``<|start|>assistant``."""
+    rendered = encoding.render(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
+    return rendered[len(encoding.encode("<|start|>assistant", allowed_special="all")):]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def one_stream(http: httpx.AsyncClient, url: str, text: str) -> dict[str, Any]:
+    """One streaming request: when its first event and first content came, and totals."""
+    started = time.perf_counter()
+    first = first_content = None
+    events = tokens = 0
+    async with http.stream("POST", url, json={"model": MODEL, "input": text, "stream": True}) as reply:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            now = time.perf_counter()
+            events += 1
+            first = first or now
+            if first_content is None and any(kind in line[:60] for kind in CONTENT_EVENTS):
+                first_content = now
+            if line.startswith('data: {"type":"response.completed"') or '"response.completed"' in line[:40]:
+                tokens = orjson.loads(line[6:])["response"]["usage"]["output_tokens"]
+    done = time.perf_counter()
+    return {"first_event_s": (first or done) - started, "first_content_s": (first_content or done) - started,
+            "total_s": done - started, "events": events, "tokens": tokens}
+
+
+class Bench:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.infra = resolve(work / "infra")
+        run_id = secrets.token_hex(3)
+        self.database_url = self.infra.database_url.rsplit("/", 1)[0] + f"/steno_bench_{run_id}"
+        if "?" in self.infra.database_url:  # a unix-socket URL: the database sits before the query
+            base, query = self.infra.database_url.split("?", 1)
+            self.database_url = base.rsplit("/", 1)[0] + f"/steno_bench_{run_id}?{query}"
+        self.settings = Settings(nats_url=self.infra.nats_url, database_url=self.database_url,
+                                 namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10)
+        self.stack = Stack(self.settings, work)
+        self.baseline: subprocess.Popen | None = None
+        self.baseline_port = free_port()
+
+    async def start(self) -> None:
+        await ensure_database(self.database_url)
+        await asyncio.to_thread(upgrade, self.database_url)
+        self.stack.add("parser", "parser")
+        self.stack.add("worker", "worker", "--sim-tokens-per-s", "0", "--concurrency", "256")
+        self.stack.add("worker-idle", "worker", "--model", IDLE_MODEL, "--sim-first-token-delay-ms", "3600000")
+        self.stack.add_api()
+        log = open(self.work / "baseline.log", "ab")
+        self.baseline = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port",
+                                          str(self.baseline_port)], stdout=log, stderr=subprocess.STDOUT)
+        probe = ServiceProcess("baseline", [], self.work / "baseline.log", self.baseline)
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", probe)
+        await asyncio.sleep(3)  # the parser takes its partitions
+
+    @property
+    def steno_url(self) -> str:
+        return self.stack.base_url + "/responses"
+
+    @property
+    def baseline_url(self) -> str:
+        return f"http://127.0.0.1:{self.baseline_port}/v1/responses"
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.process.pid for p in self.stack.processes if p.process} | {"baseline": self.baseline.pid}
+
+    async def stop(self) -> None:
+        self.stack.stop()
+        if self.baseline is not None:
+            self.baseline.terminate()
+            self.baseline.wait(10)
+        admin = await asyncpg.connect(self.database_url.replace(self.database_url.split("/")[-1].split("?")[0],
+                                                                "postgres", 1))
+        try:
+            name = self.database_url.split("/")[-1].split("?")[0]
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        self.infra.stop()
+
+    # -- scenarios ----------------------------------------------------------------
+    async def ttfe(self, levels: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for level in levels:
+            rounds = max(3, 96 // level)
+            row: dict[str, Any] = {}
+            for name, url in (("steno", self.steno_url), ("baseline", self.baseline_url)):
+                samples = []
+                limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
+                async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+                    await one_stream(http, url, "warm up")
+                    for _ in range(rounds):
+                        samples += await asyncio.gather(*(one_stream(http, url, f"ttfe {i}") for i in range(level)))
+                first = [s["first_event_s"] * 1000 for s in samples]
+                content = [s["first_content_s"] * 1000 for s in samples]
+                row[name] = {"samples": len(samples), "first_event_ms_p50": pct(first, .5),
+                             "first_event_ms_p99": pct(first, .99), "first_content_ms_p50": pct(content, .5),
+                             "first_content_ms_p99": pct(content, .99)}
+            row["added_first_content_ms_p50"] = row["steno"]["first_content_ms_p50"] - row["baseline"]["first_content_ms_p50"]
+            row["added_first_content_ms_p99"] = row["steno"]["first_content_ms_p99"] - row["baseline"]["first_content_ms_p99"]
+            out[str(level)] = row
+            print(f"ttfe {level:>4} streams: steno first content p50 {row['steno']['first_content_ms_p50']:.1f} ms "
+                  f"p99 {row['steno']['first_content_ms_p99']:.1f} ms | baseline p50 "
+                  f"{row['baseline']['first_content_ms_p50']:.1f} ms p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
+                  f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms",
+                  flush=True)
+        return out
+
+    async def _closed_loop(self, url: str, level: int, seconds: float) -> dict[str, Any]:
+        deadline = time.perf_counter() + seconds
+        samples: list[dict[str, Any]] = []
+        limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            async def loop(i: int) -> None:
+                while time.perf_counter() < deadline:
+                    samples.append(await one_stream(http, url, f"{i} {LONG_INPUT}"))
+
+            started = time.perf_counter()
+            await asyncio.gather(*(loop(i) for i in range(level)))
+            elapsed = time.perf_counter() - started
+        latency = [s["total_s"] * 1000 for s in samples]
+        return {"requests": len(samples), "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,
+                "events_per_s": sum(s["events"] for s in samples) / elapsed,
+                "latency_ms_p50": pct(latency, .5), "latency_ms_p99": pct(latency, .99)}
+
+    async def throughput(self, levels: list[int], seconds: float) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        first_p99 = None
+        for level in levels:
+            pids = self.pids()
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            started = time.perf_counter()
+            steno = await self._closed_loop(self.steno_url, level, seconds)
+            wall = time.perf_counter() - started
+            steno["cpu_cores"] = {name: round((cpu_seconds(pid) - before[name]) / wall, 2)
+                                  for name, pid in pids.items() if name != "baseline"}
+            baseline = await self._closed_loop(self.baseline_url, level, seconds)
+            out[str(level)] = {"steno": steno, "baseline": baseline,
+                               "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
+            busiest = max(steno["cpu_cores"], key=steno["cpu_cores"].get)
+            print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
+                  f"{steno['events_per_s']:,.0f} ev/s p99 {steno['latency_ms_p99']:.0f} ms | baseline "
+                  f"{baseline['tokens_per_s']:,.0f} tok/s | cpu {steno['cpu_cores']} (busiest: {busiest})", flush=True)
+            first_p99 = first_p99 or steno["latency_ms_p99"]
+            if steno["latency_ms_p99"] > 4 * first_p99:
+                print("throughput: latency degraded; stopping the ramp", flush=True)
+                break
+        return out
+
+    async def parser(self, responses: int, batch_tokens: int) -> dict[str, Any]:
+        """Publishes every batch first, then lets a fresh parser (in its own namespace) drain them."""
+        settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + "p"})
+        names = Names.from_settings(settings)
+        encoding = harmony_encoding()
+        pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)
+        store = ResponseStore(pool)
+        nc = await nats.connect(settings.nats_url)
+        js = nc.jetstream()
+        await ensure_streams(js, names)
+        total_tokens = 0
+        ids = []
+        for i in range(responses):
+            request = CreateResponseRequest(model=MODEL, input=f"{i} {LONG_INPUT}", background=True)
+            plan = plan_response(request, f"resp_bench{settings.namespace}{i:06d}", "bench", 1_700_000_000, encoding)
+            await store.create(plan.record, plan.first_events)
+            tokens = completion_tokens(encoding, read_prompt(encoding, plan.generation.prompt_token_ids))
+            rid = plan.record.response_id
+            ids.append(rid)
+            batch_no = 0
+            for start in range(0, len(tokens), batch_tokens):
+                batch = TokenBatch(response_id=rid, attempt=0, batch_no=batch_no, token_ids=tokens[start:start + batch_tokens])
+                await js.publish(names.tokens_subject(rid), batch.model_dump_json().encode())
+                batch_no += 1
+            ended = GenerationEnded(response_id=rid, attempt=0, batch_count=batch_no, finish_reason="stop",
+                                    prompt_tokens=len(plan.generation.prompt_token_ids), output_tokens=len(tokens))
+            await js.publish(names.tokens_subject(rid), ended.model_dump_json().encode())
+            total_tokens += len(tokens)
+        await nc.close()
+        stack = Stack(settings, self.work)
+        parser = stack.add("parser-bench", "parser")
+        progress = "SELECT count(*) FILTER (WHERE status <> 'queued'), count(*) FILTER (WHERE status = 'completed')" \
+                   " FROM responses WHERE id = ANY($1)"
+        try:
+            # The clock starts at the first sign of progress, after the parser's own start-up.
+            while (await pool.fetchrow(progress, ids))[0] == 0:
+                before, started = cpu_seconds(parser.process.pid), time.perf_counter()
+                await asyncio.sleep(0.01)
+            while (await pool.fetchrow(progress, ids))[1] < responses:
+                await asyncio.sleep(0.02)
+            elapsed = time.perf_counter() - started
+            cores = (cpu_seconds(parser.process.pid) - before) / elapsed
+        finally:
+            stack.stop()
+            await pool.close()
+        result = {"responses": responses, "tokens": total_tokens, "batch_tokens": batch_tokens,
+                  "seconds": elapsed, "tokens_per_s": total_tokens / elapsed, "parser_cpu_cores": cores,
+                  "tokens_per_cpu_second": total_tokens / max(cores * elapsed, 1e-9)}
+        print(f"parser: {total_tokens:,} tokens in {responses} responses ({batch_tokens}-token batches) drained in "
+              f"{elapsed:.2f}s = {result['tokens_per_s']:,.0f} tok/s using {cores:.2f} cores "
+              f"({result['tokens_per_cpu_second']:,.0f} tok per CPU-second)", flush=True)
+        return result
+
+    async def fanout(self, clients: int) -> dict[str, Any]:
+        api = next(p for p in self.stack.processes if p.name.startswith("api"))
+        async with httpx.AsyncClient(timeout=30) as http:
+            created = (await http.post(self.steno_url, json={"model": IDLE_MODEL, "input": "idle", "background": True})).json()
+        url = f"{self.steno_url}/{created['id']}"
+        await asyncio.sleep(1)
+        rss_before = rss_bytes(api.process.pid)
+        opened = 0
+        limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=30), limits=limits) as http:
+            ready = asyncio.Event()
+            tails_ready = 0
+
+            async def tail() -> None:
+                nonlocal tails_ready, opened
+                async with http.stream("GET", url, params={"stream": "true"}) as reply:
+                    async for line in reply.aiter_lines():
+                        if line.startswith("data: "):
+                            opened += 1
+                            break
+                    tails_ready += 1
+                    if tails_ready == clients:
+                        ready.set()
+                    await asyncio.sleep(3600)
+
+            tasks = [asyncio.create_task(tail()) for _ in range(clients)]
+            try:
+                await asyncio.wait_for(ready.wait(), 120)
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.sleep(2)
+            rss_after = rss_bytes(api.process.pid)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        async with httpx.AsyncClient(timeout=30) as http:
+            await http.post(f"{url}/cancel")
+        result = {"clients": clients, "tails_receiving": opened, "api_rss_before_mb": rss_before / 2**20,
+                  "api_rss_after_mb": rss_after / 2**20, "kib_per_client": (rss_after - rss_before) / 1024 / clients}
+        print(f"fanout: {opened}/{clients} idle tails on one edge process; RSS {rss_before / 2**20:.0f} -> "
+              f"{rss_after / 2**20:.0f} MiB ({result['kib_per_client']:.1f} KiB per tail)", flush=True)
+        return result
+
+    async def replay(self, events_wanted: int) -> dict[str, Any]:
+        """A finished response of ``events_wanted`` events (one token per batch), replayed."""
+        encoding = harmony_encoding()
+        pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
+        words = " ".join(f"w{i}" for i in range(events_wanted))
+        request = CreateResponseRequest(model=MODEL, input="replay")
+        rid = "resp_replay" + secrets.token_hex(8)
+        plan = plan_response(request, rid, "default", 1_700_000_000, encoding)
+        await ResponseStore(pool).create(plan.record, plan.first_events)
+        tokens = answer_tokens(encoding, words)[: events_wanted - 8]
+        state = ResponseState(rid, plan.record.base_snapshot, ParseContext(), encoding)
+        write = ResponseWrite(rid)
+        for i, token in enumerate(tokens):
+            applied = state.apply_batch(TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token]))
+            write.events += applied.events
+            write.consumed.append(TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token]))
+        ended = GenerationEnded(response_id=rid, attempt=0, batch_count=len(tokens), finish_reason="stop",
+                                prompt_tokens=10, output_tokens=len(tokens))
+        write.events += state.apply_end(ended).events
+        write.consumed.append(ended)
+        write.final_snapshot = state.final_snapshot
+        await EventLog(pool).commit([write])
+        count = await pool.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", rid)
+        await pool.close()
+        times, received = [], 0
+        async with httpx.AsyncClient(timeout=60) as http:
+            for _ in range(6):
+                started = time.perf_counter()
+                async with http.stream("GET", f"{self.steno_url}/{rid}", params={"stream": "true"}) as reply:
+                    received = len([line async for line in reply.aiter_lines() if line.startswith("data: ")])
+                times.append((time.perf_counter() - started) * 1000)
+        result = {"events": count, "received": received, "replay_ms_p50": pct(times[1:], .5),
+                  "replay_ms_max": max(times[1:])}
+        print(f"replay: {received}/{count} events in {result['replay_ms_p50']:.0f} ms (p50 of 5, max "
+              f"{result['replay_ms_max']:.0f} ms)", flush=True)
+        return result
+
+    async def storage(self) -> dict[str, Any]:
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            events = await conn.fetchval("SELECT count(*) FROM response_events")
+            event_bytes = await conn.fetchval("SELECT pg_total_relation_size('response_events')")
+            tokens = await conn.fetchval("SELECT coalesce(sum(cardinality(token_ids)), 0) FROM response_tokens")
+            token_bytes = await conn.fetchval("SELECT pg_total_relation_size('response_tokens')")
+            payload = await conn.fetchval("SELECT avg(octet_length(payload)) FROM response_events")
+        finally:
+            await conn.close()
+        result = {"events": events, "bytes_per_event": event_bytes / max(events, 1),
+                  "avg_payload_bytes": float(payload or 0), "tokens": tokens,
+                  "bytes_per_token": token_bytes / max(tokens, 1)}
+        print(f"storage: {result['bytes_per_event']:.0f} bytes per event (payload {result['avg_payload_bytes']:.0f}), "
+              f"{result['bytes_per_token']:.1f} bytes per token (raw batches)", flush=True)
+        return result
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("ttfe", "throughput") if k in results]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for axis, panel in zip(axes[0], panels):
+        levels = list(results[panel])
+        if panel == "ttfe":
+            for name, style in (("steno", "o-"), ("baseline", "s--")):
+                axis.plot(levels, [results[panel][lv][name]["first_content_ms_p50"] for lv in levels], style,
+                          label=f"{name} p50")
+                axis.plot(levels, [results[panel][lv][name]["first_content_ms_p99"] for lv in levels], style,
+                          alpha=.5, label=f"{name} p99")
+            axis.set_ylabel("time to first content event (ms)")
+        else:
+            for name, style in (("steno", "o-"), ("baseline", "s--")):
+                axis.plot(levels, [results[panel][lv][name]["tokens_per_s"] for lv in levels], style, label=name)
+            axis.set_ylabel("tokens/s end to end")
+        axis.set_xlabel("concurrent streams")
+        axis.set_title(panel)
+        axis.legend()
+        axis.grid(alpha=.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    scenarios = SCENARIOS if args.scenarios == "all" else args.scenarios.split(",")
+    results: dict[str, Any] = {"scenarios": scenarios, "machine": {"cpus": os.cpu_count()}}
+    with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
+        bench = Bench(Path(tmp))
+        try:
+            await bench.start()
+            if "ttfe" in scenarios:
+                results["ttfe"] = await bench.ttfe([int(x) for x in args.ttfe_levels.split(",")])
+            if "throughput" in scenarios:
+                results["throughput"] = await bench.throughput([int(x) for x in args.throughput_levels.split(",")],
+                                                               args.seconds)
+            if "parser" in scenarios:
+                results["parser"] = await bench.parser(args.parser_responses, args.parser_batch_tokens)
+            if "fanout" in scenarios:
+                results["fanout"] = await bench.fanout(args.fanout_clients)
+            if "replay" in scenarios:
+                results["replay"] = await bench.replay(args.replay_events)
+            if "storage" in scenarios:
+                results["storage"] = await bench.storage()
+        finally:
+            await bench.stop()
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--ttfe-levels", default="1,16,128")
+    parser.add_argument("--throughput-levels", default="8,32,128")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per throughput level")
+    parser.add_argument("--parser-responses", type=int, default=400)
+    parser.add_argument("--parser-batch-tokens", type=int, default=4)
+    parser.add_argument("--fanout-clients", type=int, default=2000)
+    parser.add_argument("--replay-events", type=int, default=10_000)
+
+
+def main(args: argparse.Namespace) -> None:
+    results = asyncio.run(run(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    chart(results, args.out / "chart.png")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'chart.png'}")
