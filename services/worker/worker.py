@@ -29,7 +29,7 @@ from services.common.bus import (
     model_token,
     worker_registry,
 )
-from services.worker.engine import Engine, EngineDead, EngineError
+from services.worker.engine import Engine, EngineError
 from services.worker.prior_output import PriorOutput, read_prior_output
 from services.worker.token_batcher import PendingBatch, coalesce
 
@@ -69,7 +69,6 @@ class GenerationWorker:
         self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
-        self.engine_dead = asyncio.Event()
 
     async def run(self) -> None:
         names = self._names
@@ -249,5 +248,3 @@ class GenerationWorker:
         await msg.ack_sync()
         log.info("%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens - len(prior.token_ids),
                  time.monotonic() - started)
-        if isinstance(error, EngineDead):
-            self.engine_dead.set()

@@ -164,3 +164,15 @@ def test_grammar_violation_keeps_the_text_and_fails_visibly():
     snapshot = validate_response(state.final_snapshot)
     assert snapshot.output_text == "so far so good"
     assert "malformed" in snapshot.error.message
+
+
+def test_constrained_final_answer_is_a_message_not_a_call():
+    from tests.harmony_samples import encoding
+
+    for header in ("<|channel|>final <|constrain|>json<|message|>", "<|channel|>final json<|message|>"):
+        tokens = encoding().encode(header + '{"a": 1}<|return|>', allowed_special="all")
+        state, events = run(tokens, [3] * 30)
+        validate_events([e.payload for e in events])
+        item = state.final_snapshot["output"][0]
+        assert item["type"] == "message", header
+        assert item["content"][0]["text"] == '{"a": 1}'
