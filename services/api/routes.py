@@ -78,7 +78,7 @@ def _failure_events(snapshot: dict[str, Any]):
 
 
 def _stream(services, response_id: str, after: int, snapshot: dict[str, Any]) -> StreamingResponse:
-    body = sse_body(services.tail.events(response_id, after=after), _failure_events(snapshot))
+    body = sse_body(services.tail.runs(response_id, after=after), _failure_events(snapshot))
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -26,12 +26,13 @@ def frame(event: LoggedEvent) -> bytes:
 
 
 async def sse_body(
-    events: AsyncIterator[LoggedEvent], on_failure: FailureEvents, keepalive_s: float = KEEPALIVE_S
+    runs: AsyncIterator[list[LoggedEvent]], on_failure: FailureEvents, keepalive_s: float = KEEPALIVE_S
 ) -> AsyncIterator[bytes]:
-    """Frames ``events``; comments while they are silent; if reading them fails, ends the
-    stream visibly with ``on_failure``'s events instead of cutting it."""
+    """Frames runs of events (one chunk per run); comments while they are silent; if
+    reading them fails, ends the stream visibly with ``on_failure``'s events instead of
+    cutting it."""
     last_seq = -1
-    iterator = events.__aiter__()
+    iterator = runs.__aiter__()
     pending: asyncio.Future | None = None
     try:
         while True:
@@ -42,18 +43,17 @@ async def sse_body(
                 yield KEEPALIVE_COMMENT
                 continue
             try:
-                event = pending.result()
+                run = pending.result()
             except StopAsyncIteration:
                 return
             except Exception:
                 log.exception("stream ended by a failure after seq %d", last_seq)
-                for failure in on_failure(last_seq):
-                    yield frame(failure)
+                yield b"".join(frame(failure) for failure in on_failure(last_seq))
                 return
             finally:
                 pending = None
-            last_seq = event.seq
-            yield frame(event)
+            last_seq = run[-1].seq
+            yield b"".join(frame(event) for event in run)
     finally:
         if pending is not None:
             # Cancelling the pending read ends the generator (its cleanup runs).

@@ -49,6 +49,15 @@ class ResponseTail:
         self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
     ) -> AsyncIterator[LoggedEvent]:
         """Every event with ``seq > after`` up to and including the terminal one."""
+        async for run in self.runs(response_id, after, poll_interval_s):
+            for event in run:
+                yield event
+
+    async def runs(
+        self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """The same events, in runs as they become available (a replay is one run), so a
+        writer can send each run at once."""
         live: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
 
         async def on_message(msg: Msg) -> None:
@@ -60,23 +69,20 @@ class ResponseTail:
         try:
             batch = await self._read_after(response_id, cursor)
             while True:
+                run: list[LoggedEvent] = []
                 for event in batch:
                     if event.seq <= cursor:
                         continue
-                    if event.seq > cursor + 1:
-                        # A gap: fetch what was missed; the rest of this batch follows it.
-                        missed = await self._read_after(response_id, cursor)
-                        for stored in missed:
-                            cursor = stored.seq
-                            yield stored
-                            if stored.is_terminal:
-                                return
-                        if event.seq <= cursor:
-                            continue
-                    cursor = event.seq
-                    yield event
-                    if event.is_terminal:
-                        return
+                    # A gap: what was missed is in Postgres, and so is everything after it.
+                    candidates = await self._read_after(response_id, cursor) if event.seq > cursor + 1 else [event]
+                    for candidate in candidates:
+                        run.append(candidate)
+                        cursor = candidate.seq
+                        if candidate.is_terminal:
+                            yield run
+                            return
+                if run:
+                    yield run
                 try:
                     batch = await asyncio.wait_for(live.get(), interval)
                     interval = poll_interval_s
