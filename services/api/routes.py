@@ -42,8 +42,19 @@ async def tenant_of(request: Request) -> str:
     return await request.app.state.services.authenticate(request)
 
 
+def query_includes(
+    include: Annotated[list[str] | None, Query(alias="include[]")] = None,
+    include_plain: Annotated[list[str] | None, Query(alias="include")] = None,
+) -> list[str]:
+    """``include`` as clients send it (``include[]=…`` or ``include=…``), checked."""
+    values = (include or []) + (include_plain or [])
+    _check_include(values)
+    return values
+
+
 Services = Annotated[Any, Depends(services_of)]
 Tenant = Annotated[str, Depends(tenant_of)]
+Includes = Annotated[list[str], Depends(query_includes)]
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -187,12 +198,10 @@ async def retrieve_response(
     tenant: Tenant,
     stream: bool = False,
     starting_after: int | None = None,
-    include: Annotated[list[str] | None, Query(alias="include[]")] = None,
-    include_plain: Annotated[list[str] | None, Query(alias="include")] = None,
+    include: Includes = (),
     include_obfuscation: bool | None = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
-    _check_include((include or []) + (include_plain or []))
     stored = await services.store.get(response_id, tenant)
     if stored is None:
         raise _not_found(response_id)
@@ -261,10 +270,8 @@ async def list_input_items(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
-    include: Annotated[list[str] | None, Query(alias="include[]")] = None,
-    include_plain: Annotated[list[str] | None, Query(alias="include")] = None,
+    include: Includes = (),
 ) -> Response:
-    _check_include((include or []) + (include_plain or []))
     if await services.store.get(response_id, tenant) is None:
         raise _not_found(response_id)
     page = await services.store.input_items_page(response_id, after, limit, descending=order == "desc")
