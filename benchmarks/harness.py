@@ -10,6 +10,7 @@ Scenarios:
   fanout      idle SSE tails held open on one edge process, and memory per tail
   replay      time to replay a finished 10,000-event response to a client
   storage     bytes per event and per token in Postgres
+  cancel      time from POST /cancel to the terminal event, for generating responses
 
 NATS and Postgres are found like everything else (STENO_* variables, standard ports, or
 embedded); the run uses a namespace and a database of its own and removes them.
@@ -50,9 +51,10 @@ from services.parser.event_log import EventLog, ResponseWrite
 from services.parser.response_state import ResponseState
 from services.worker.simulator import completion_tokens, read_prompt
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage"]
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel"]
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
+SLOW_MODEL = "steno-slow"
 CONTENT_EVENTS = ("response.reasoning_text.delta", "response.output_text.delta")
 LONG_INPUT = " ".join(f"word{i}" for i in range(70))
 
@@ -143,6 +145,7 @@ class Bench:
         self.stack.add("parser", "parser")
         self.stack.add("worker", "worker", "--sim-tokens-per-s", "0", "--concurrency", "256")
         self.stack.add("worker-idle", "worker", "--model", IDLE_MODEL, "--sim-first-token-delay-ms", "3600000")
+        self.stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "20")
         self.stack.add_api()
         log = open(self.work / "baseline.log", "ab")
         self.baseline = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port",
@@ -388,6 +391,24 @@ class Bench:
               f"{result['replay_ms_max']:.0f} ms)", flush=True)
         return result
 
+    async def cancel(self, count: int) -> dict[str, Any]:
+        """POST /cancel returns once the terminal event is in the log: its latency is the
+        time from the order to the end of the stream."""
+        times = []
+        async with httpx.AsyncClient(timeout=60) as http:
+            for i in range(count):
+                created = (await http.post(self.steno_url, json={"model": SLOW_MODEL, "input": f"cancel {i} {LONG_INPUT}",
+                                                                 "background": True})).json()
+                await asyncio.sleep(0.5)  # generating by now
+                started = time.perf_counter()
+                reply = (await http.post(f"{self.steno_url}/{created['id']}/cancel")).json()
+                times.append((time.perf_counter() - started) * 1000)
+                assert reply["status"] == "cancelled", reply
+        result = {"cancels": count, "ms_p50": pct(times, .5), "ms_p99": pct(times, .99), "ms_max": max(times)}
+        print(f"cancel: POST /cancel -> terminal event {result['ms_p50']:.0f} ms p50, {result['ms_p99']:.0f} ms p99 "
+              f"({count} generating responses)", flush=True)
+        return result
+
     async def storage(self) -> dict[str, Any]:
         conn = await asyncpg.connect(self.database_url)
         try:
@@ -457,6 +478,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["replay"] = await bench.replay(args.replay_events)
             if "storage" in scenarios:
                 results["storage"] = await bench.storage()
+            if "cancel" in scenarios:
+                results["cancel"] = await bench.cancel(args.cancels)
         finally:
             await bench.stop()
     return results
@@ -472,6 +495,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parser-batch-tokens", type=int, default=4)
     parser.add_argument("--fanout-clients", type=int, default=2000)
     parser.add_argument("--replay-events", type=int, default=10_000)
+    parser.add_argument("--cancels", type=int, default=10)
 
 
 def main(args: argparse.Namespace) -> None:
