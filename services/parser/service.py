@@ -167,43 +167,50 @@ class ParserService:
         writes: list[ResponseWrite] = []
         to_ack: list[Msg] = []
         to_retry: list[Msg] = []
-        for response_id, items in by_response.items():
-            state = await self._state_for(response_id)
-            if state is None:
-                log.warning("tokens for unknown (deleted?) response %s dropped", response_id)
-                to_ack += [msg for msg, _ in items]
-                continue
-            write = ResponseWrite(response_id)
-            for position, (msg, decoded) in enumerate(items):
-                was_started = state.started
-                try:
-                    if isinstance(decoded, TokenBatch):
-                        applied = state.apply_batch(decoded)
-                    else:
-                        applied = state.apply_end(decoded)
-                except OutOfOrder as exc:
-                    log.info("%s; retrying later", exc)
-                    to_retry += [m for m, _ in items[position:]]
-                    break
-                except Exception as exc:
-                    log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
-                    self._states.pop(response_id, None)
-                    if position == 0 and msg.metadata.num_delivered >= POISON_DELIVERIES:
-                        await self._fail_poisoned(response_id, write, exc)
-                        to_ack += [m for m, _ in items]
-                    else:
-                        to_retry += [m for m, _ in items[position:]]
-                    break
-                to_ack.append(msg)
-                if applied is None:
+        try:
+            for response_id, items in by_response.items():
+                state = await self._state_for(response_id)
+                if state is None:
+                    log.warning("tokens for unknown (deleted?) response %s dropped", response_id)
+                    to_ack += [msg for msg, _ in items]
                     continue
-                write.events += applied.events
-                write.consumed.append(decoded)
-                write.started = write.started or (state.started and not was_started)
-                if applied.finished:
-                    write.final_snapshot = state.final_snapshot
-            if write.events or write.consumed:
-                writes.append(write)
+                write = ResponseWrite(response_id)
+                for position, (msg, decoded) in enumerate(items):
+                    was_started = state.started
+                    try:
+                        if isinstance(decoded, TokenBatch):
+                            applied = state.apply_batch(decoded)
+                        else:
+                            applied = state.apply_end(decoded)
+                    except OutOfOrder as exc:
+                        log.info("%s; retrying later", exc)
+                        to_retry += [m for m, _ in items[position:]]
+                        break
+                    except Exception as exc:
+                        log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
+                        self._states.pop(response_id, None)
+                        if position == 0 and msg.metadata.num_delivered >= POISON_DELIVERIES:
+                            await self._fail_poisoned(response_id, write, exc)
+                            to_ack += [m for m, _ in items]
+                        else:
+                            to_retry += [m for m, _ in items[position:]]
+                        break
+                    to_ack.append(msg)
+                    if applied is None:
+                        continue
+                    write.events += applied.events
+                    write.consumed.append(decoded)
+                    write.started = write.started or (state.started and not was_started)
+                    if applied.finished:
+                        write.final_snapshot = state.final_snapshot
+                if write.events or write.consumed:
+                    writes.append(write)
+        except Exception:
+            # States advanced here have not been committed: forget them, or the redelivered
+            # batches would pass for duplicates and their events would never be written.
+            for response_id in by_response:
+                self._states.pop(response_id, None)
+            raise
 
         try:
             if writes:
