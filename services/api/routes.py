@@ -65,6 +65,14 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"No response found with id '{response_id}'.", param="response_id")
 
 
+async def _owned(services, response_id: str, tenant: str) -> StoredResponse:
+    """The caller's stored response, or the same 404 whether it is missing or another tenant's."""
+    stored = await services.store.get(response_id, tenant)
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
 def _check_include(include: list[str] | None, param: str = "include") -> None:
     for index, value in enumerate(include or []):
         if value not in INCLUDABLE:
@@ -202,9 +210,7 @@ async def retrieve_response(
     include_obfuscation: bool | None = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
-    stored = await services.store.get(response_id, tenant)
-    if stored is None:
-        raise _not_found(response_id)
+    stored = await _owned(services, response_id, tenant)
     if not stream:
         return _json(await _current_snapshot(services, stored))
     cursor = starting_after
@@ -225,9 +231,7 @@ async def retrieve_response(
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, services: Services, tenant: Tenant) -> Response:
-    stored = await services.store.get(response_id, tenant)
-    if stored is None:
-        raise _not_found(response_id)
+    stored = await _owned(services, response_id, tenant)
     if not stored.background:
         raise ApiError(400, "Only responses created with background=true can be cancelled.", param="response_id")
     if stored.status == "cancelled":
@@ -252,13 +256,11 @@ async def _order_cancel(services, response_id: str) -> None:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, services: Services, tenant: Tenant) -> Response:
-    stored = await services.store.get(response_id, tenant)
-    if stored is None:
-        raise _not_found(response_id)
+    stored = await _owned(services, response_id, tenant)
     if not stored.finished:
         await _order_cancel(services, response_id)
     if not await services.store.delete(response_id, tenant):
-        raise _not_found(response_id)
+        raise _not_found(response_id)  # deleted meanwhile
     return _json({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -272,8 +274,7 @@ async def list_input_items(
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
     include: Includes = (),
 ) -> Response:
-    if await services.store.get(response_id, tenant) is None:
-        raise _not_found(response_id)
+    await _owned(services, response_id, tenant)
     page = await services.store.input_items_page(response_id, after, limit, descending=order == "desc")
     if page is None:
         raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
