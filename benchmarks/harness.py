@@ -77,12 +77,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot."""
+def machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot (all but idle and I/O wait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    tick = os.sysconf("SC_CLK_TCK")
-    return (sum(fields) - idle) / tick, sum(fields) / tick
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
@@ -236,11 +234,11 @@ class Bench:
         for level in levels:
             pids = self.pids()
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            busy_before, total_before = machine_busy_seconds()
+            busy_before = machine_busy_seconds()
             started = time.perf_counter()
             steno = await self._closed_loop(self.steno_url, level, seconds)
             wall = time.perf_counter() - started
-            busy_after, total_after = machine_busy_seconds()
+            busy_after = machine_busy_seconds()
             steno["cpu_cores"] = {name: round((cpu_seconds(pid) - before[name]) / wall, 2)
                                   for name, pid in pids.items() if name != "baseline"}
             # Everything else on the machine: Postgres, NATS and this load generator.

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> None:
     say(f"data directory {data_dir}")
     stopping = False
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(_signum, _frame) -> None:
         nonlocal stopping
         stopping = True
 

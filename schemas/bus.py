@@ -77,5 +77,7 @@ token_stream_message = TypeAdapter(TokenStreamMessage)
 
 
 class CancelOrder(BaseModel):
+    """Published on core NATS (``<ns>.cancel.<response_id>``) for the worker generating it."""
+
     v: Literal[1] = 1
     response_id: str

@@ -15,6 +15,7 @@ from nats.js.errors import KeyNotFoundError
 from openai.types.responses import ResponseIncludable
 
 from schemas.api import CreateResponseRequest
+from schemas.bus import CancelOrder
 from schemas.events import LoggedEvent
 from schemas.fold import fold
 from schemas.ids import new_response_id
@@ -251,7 +252,8 @@ async def _order_cancel(services, response_id: str) -> None:
     # The flag reaches a worker that has not picked the request up yet; the message
     # reaches the one generating it now.
     await services.cancel_flags.put(response_id, b"1")
-    await services.nc.publish(services.names.cancel_subject(response_id), response_id.encode())
+    order = CancelOrder(response_id=response_id).model_dump_json().encode()
+    await services.nc.publish(services.names.cancel_subject(response_id), order)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -56,10 +56,6 @@ class HarmonyStreamSplitter:
     def in_message(self) -> bool:
         return self._in_content
 
-    @property
-    def broken(self) -> bool:
-        return self._broken
-
     def feed(self, token_ids: list[int]) -> list[Fragment]:
         fragments: list[Fragment] = []
         if self._broken:

@@ -37,10 +37,6 @@ class PartitionLeases:
         self._instance_id = instance_id
         self._revisions: dict[int, int] = {}
 
-    @property
-    def held(self) -> set[int]:
-        return set(self._revisions)
-
     async def run(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
         self._leases = await kv_bucket(self._js, self._names.parser_leases_bucket, LEASE_TTL_S, self._names.replicas)
         self._members = await kv_bucket(self._js, self._names.parsers_bucket, LEASE_TTL_S, self._names.replicas)
