@@ -37,7 +37,7 @@ import orjson
 from openai_harmony import Message, Role
 
 from infra.embedded import free_port, resolve
-from infra.processes import ServiceProcess, Stack, wait_healthy
+from infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
 from schemas.api import CreateResponseRequest
 from schemas.bus import GenerationEnded, TokenBatch
 from schemas.responses import ParseContext
@@ -165,6 +165,9 @@ class Bench:
 
     async def stop(self) -> None:
         self.stack.stop()
+        for suffix in ("", "p"):  # the stack's namespace and the parser scenario's
+            settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + suffix})
+            await asyncio.to_thread(remove_namespace, settings)
         if self.baseline is not None:
             self.baseline.terminate()
             try:

@@ -16,6 +16,25 @@ from infra.embedded import free_port
 from services.common.config import Settings
 
 
+def remove_namespace(settings: Settings) -> None:
+    """Deletes the run's streams and buckets from NATS, so test runs do not pile up."""
+    import asyncio
+
+    import nats
+
+    from services.common.bus import Names
+    from services.common.bus import remove_namespace as remove
+
+    async def run() -> None:
+        nc = await nats.connect([s for s in settings.nats_url.split(",") if s])
+        try:
+            await remove(nc.jetstream(), Names.from_settings(settings))
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
+
+
 def service_env(settings: Settings) -> dict[str, str]:
     return {
         **os.environ,

@@ -14,7 +14,7 @@ from infra.embedded import Infrastructure, resolve
 from services.common.config import Settings
 from services.common.db import asyncpg_dsn
 from services.common.migrate import ensure_database, upgrade
-from infra.processes import Stack
+from infra.processes import Stack, remove_namespace
 
 SLOW_MODEL = "steno-slow"
 
@@ -37,13 +37,16 @@ def settings(infrastructure) -> Settings:
     database_url = _with_database(infrastructure.database_url, f"steno_test_{run_id}")
     asyncio.run(ensure_database(database_url))
     upgrade(database_url)
-    yield Settings(
+    settings_of_run = Settings(
         nats_url=infrastructure.nats_url,
         database_url=database_url,
         namespace=f"t{run_id}",
         token_partitions=4,
         model_wait_s=1.0,
     )
+    yield settings_of_run
+
+    remove_namespace(settings_of_run)
 
     async def drop() -> None:
         admin = await asyncpg.connect(_with_database(infrastructure.database_url, "postgres"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import zlib
+from contextlib import suppress
 from dataclasses import dataclass
 
 import nats
@@ -174,6 +175,16 @@ async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:
 async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     """Models some live worker serves (key: model token), refreshed by the workers."""
     return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S, names.replicas)
+
+
+async def remove_namespace(js: JetStreamContext, names: Names) -> None:
+    """Deletes every stream and bucket of a namespace (for test and benchmark runs)."""
+    for stream in (names.gen_stream, names.tokens_stream):
+        with suppress(Exception):
+            await js.delete_stream(stream)
+    for bucket in (names.cancel_bucket, names.workers_bucket, names.parser_leases_bucket, names.parsers_bucket):
+        with suppress(Exception):
+            await js.delete_key_value(bucket)
 
 
 def durable_pull_config(

@@ -5,7 +5,7 @@ import dataclasses
 import openai
 import pytest
 
-from infra.processes import Stack
+from infra.processes import Stack, remove_namespace
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +39,7 @@ def test_fifty_turns_across_a_restart(settings, tmp_path):
             previous = response.id
     finally:
         stack.stop()
+        remove_namespace(stack.settings)
     # Every turn's prompt holds every earlier turn.
     assert all(later > earlier for earlier, later in zip(usage, usage[1:]))
     first_turn_cost = usage[1] - usage[0]

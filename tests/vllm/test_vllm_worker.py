@@ -46,8 +46,18 @@ def nats_url(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def names() -> bus.Names:
-    return bus.Names(f"tv{secrets.token_hex(4)}", 4)
+def names(nats_url):
+    names = bus.Names(f"tv{secrets.token_hex(4)}", 4)
+    yield names
+
+    async def remove() -> None:
+        nc = await bus.connect(nats_url, "steno-vllm-test-cleanup")
+        try:
+            await bus.remove_namespace(nc.jetstream(), names)
+        finally:
+            await nc.close()
+
+    asyncio.run(remove())
 
 
 class WorkerProcess:
