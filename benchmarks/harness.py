@@ -134,7 +134,7 @@ class Bench:
         self.settings = Settings(nats_url=self.infra.nats_url, database_url=self.database_url,
                                  namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10)
         self.stack = Stack(self.settings, work)
-        self.baseline: subprocess.Popen | None = None
+        self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
 
     async def start(self) -> None:
@@ -145,11 +145,11 @@ class Bench:
         self.stack.add("worker-idle", "worker", "--model", IDLE_MODEL, "--sim-first-token-delay-ms", "3600000")
         self.stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "20")
         self.stack.add_api()
-        log = open(self.work / "baseline.log", "ab")
-        self.baseline = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port",
-                                          str(self.baseline_port)], stdout=log, stderr=subprocess.STDOUT)
-        probe = ServiceProcess("baseline", [], self.work / "baseline.log", self.baseline)
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", probe)
+        with open(self.work / "baseline.log", "ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port", str(self.baseline_port)],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        self.baseline = ServiceProcess("baseline", [], self.work / "baseline.log", process)
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", self.baseline)
         await asyncio.sleep(3)  # the parser takes its partitions
 
     @property
@@ -161,7 +161,7 @@ class Bench:
         return f"http://127.0.0.1:{self.baseline_port}/v1/responses"
 
     def pids(self) -> dict[str, int]:
-        return {p.name: p.process.pid for p in self.stack.processes if p.process} | {"baseline": self.baseline.pid}
+        return {p.name: p.process.pid for p in self.stack.processes if p.process} | {"baseline": self.baseline.process.pid}
 
     async def stop(self) -> None:
         self.stack.stop()
@@ -169,12 +169,7 @@ class Bench:
             settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + suffix})
             await asyncio.to_thread(remove_namespace, settings)
         if self.baseline is not None:
-            self.baseline.terminate()
-            try:
-                self.baseline.wait(10)
-            except subprocess.TimeoutExpired:
-                self.baseline.kill()
-                self.baseline.wait()
+            self.baseline.stop(timeout_s=10)
         admin = await asyncpg.connect(self.database_url.replace(self.database_url.split("/")[-1].split("?")[0],
                                                                 "postgres", 1))
         try:
