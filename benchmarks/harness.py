@@ -83,6 +83,20 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu_seconds(command: str) -> float:
+    """CPU seconds of every process whose command name is ``command`` (all of Postgres's
+    backends, say); processes that ended in between are not counted."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == command:
+                    total += cpu_seconds(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+    return total
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -163,6 +177,15 @@ class Bench:
     def pids(self) -> dict[str, int]:
         return {p.name: p.process.pid for p in self.stack.processes if p.process} | {"baseline": self.baseline.process.pid}
 
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds so far of each service, of the load generator, and of Postgres and
+        NATS where they run on this machine."""
+        used = {name: cpu_seconds(pid) for name, pid in self.pids().items()}
+        used["client"] = cpu_seconds(os.getpid())
+        for command in ("postgres", "nats-server"):
+            used[command] = group_cpu_seconds(command)
+        return used
+
     async def stop(self) -> None:
         self.stack.stop()
         for suffix in ("", "p"):  # the stack's namespace and the parser scenario's
@@ -190,14 +213,18 @@ class Bench:
                 limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
                 async with httpx.AsyncClient(timeout=120, limits=limits) as http:
                     await one_stream(http, url, "warm up")
+                    before = self.cpu_by_process()
                     for _ in range(rounds):
                         samples += await asyncio.gather(*(one_stream(http, url, f"ttfe {i}") for i in range(level)))
+                    after = self.cpu_by_process()
+                    cpu_ms_per_request = {process: round((after[process] - used) * 1000 / len(samples), 2)
+                                          for process, used in before.items() if after[process] - used > 0}
                 ok = [s for s in samples if "error" not in s]
                 first = [s["first_event_s"] * 1000 for s in ok]
                 content = [s["first_content_s"] * 1000 for s in ok]
                 row[name] = {"samples": len(samples), "errors": len(samples) - len(ok), "first_event_ms_p50": pct(first, .5),
                              "first_event_ms_p99": pct(first, .99), "first_content_ms_p50": pct(content, .5),
-                             "first_content_ms_p99": pct(content, .99)}
+                             "first_content_ms_p99": pct(content, .99), "cpu_ms_per_request": cpu_ms_per_request}
             row["added_first_content_ms_p50"] = row["steno"]["first_content_ms_p50"] - row["baseline"]["first_content_ms_p50"]
             row["added_first_content_ms_p99"] = row["steno"]["first_content_ms_p99"] - row["baseline"]["first_content_ms_p99"]
             out[str(level)] = row
@@ -205,7 +232,8 @@ class Bench:
                   f"p99 {row['steno']['first_content_ms_p99']:.1f} ms | baseline p50 "
                   f"{row['baseline']['first_content_ms_p50']:.1f} ms p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
                   f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms"
-                  f" | errors {row['steno']['errors']}/{row['baseline']['errors']}",
+                  f" | errors {row['steno']['errors']}/{row['baseline']['errors']}"
+                  f" | CPU ms per request {row['steno']['cpu_ms_per_request']} / {row['baseline']['cpu_ms_per_request']}",
                   flush=True)
         return out
 

@@ -77,7 +77,7 @@ token_stream_message = TypeAdapter(TokenStreamMessage)
 
 
 class CancelOrder(BaseModel):
-    """Published on core NATS (``<ns>.cancel.<response_id>``) for the worker generating it."""
+    """The value of a response's key in the cancel bucket; every worker watches it."""
 
     v: Literal[1] = 1
     response_id: str

@@ -30,6 +30,7 @@ from services.api.store import ResponseStore
 from services.common import bus, db
 from services.common.config import Settings
 from services.common.harmony_vocab import harmony_encoding
+from services.common.kv_mirror import KvMirror
 from services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ class Services:
         self.js = self.nc.jetstream()
         await bus.ensure_streams(self.js, self.names)
         self.cancel_flags = await bus.cancel_flags(self.js, self.names)
-        self.workers = await bus.worker_registry(self.js, self.names)
+        self.workers = KvMirror(await bus.worker_registry(self.js, self.names), self.names.workers_bucket,
+                                bus.WORKER_REGISTRATION_TTL_S)
+        await self.workers.start()
         self.pool = await db.create_pool(self.settings.database_url, max_size=20)
         self.store = ResponseStore(self.pool)
         self.reader = EventReader(self.pool)
@@ -67,6 +70,7 @@ class Services:
 
     async def close(self) -> None:
         self._purger.cancel()
+        await self.workers.stop()
         await self.nc.close()
         await self.pool.close()
 

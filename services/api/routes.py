@@ -11,7 +11,6 @@ from typing import Annotated, Any, get_args
 import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from nats.js.errors import KeyNotFoundError
 from openai.types.responses import ResponseIncludable
 
 from schemas.api import CreateResponseRequest
@@ -24,7 +23,7 @@ from services.api.render import InvalidInput
 from services.api.response_plan import history_items, plan_response
 from services.api.store import StoredResponse
 from services.common.bus import model_token
-from services.edge import SSE_HEADERS, sse_body
+from services.edge import SSE_HEADERS, LiveEvents, sse_body
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +31,11 @@ router = APIRouter()
 INCLUDABLE = frozenset(get_args(ResponseIncludable))
 # How long POST /cancel waits for the terminal event before answering with the snapshot as it stands.
 CANCEL_WAIT_S = 10.0
-MODEL_POLL_S = 0.25
 
 
-def services_of(request: Request):
+# Dependencies are coroutines: FastAPI runs plain functions in a thread pool, a thread
+# hop per request.
+async def services_of(request: Request):
     return request.app.state.services
 
 
@@ -43,7 +43,7 @@ async def tenant_of(request: Request) -> str:
     return await request.app.state.services.authenticate(request)
 
 
-def query_includes(
+async def query_includes(
     include: Annotated[list[str] | None, Query(alias="include[]")] = None,
     include_plain: Annotated[list[str] | None, Query(alias="include")] = None,
 ) -> list[str]:
@@ -97,8 +97,9 @@ def _failure_events(snapshot: dict[str, Any]):
     return events
 
 
-def _stream(services, response_id: str, after: int, snapshot: dict[str, Any]) -> StreamingResponse:
-    body = sse_body(services.tail.runs(response_id, after=after), _failure_events(snapshot))
+def _stream(services, response_id: str, after: int, snapshot: dict[str, Any], live: LiveEvents | None = None,
+            known: list[LoggedEvent] | None = None) -> StreamingResponse:
+    body = sse_body(services.tail.runs(response_id, after=after, live=live, known=known), _failure_events(snapshot))
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -116,15 +117,13 @@ async def _await_terminal(services, response_id: str, timeout_s: float | None = 
 
 
 async def _model_is_served(services, model: str) -> bool:
-    deadline = time.monotonic() + services.settings.model_wait_s
-    while True:
-        try:
-            await services.workers.get(model_token(model))
-            return True
-        except KeyNotFoundError:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(MODEL_POLL_S)
+    """A live worker registered the model (in memory); a model not seen there waits for
+    one up to ``model_wait_s``, and is confirmed in the bucket before a 404."""
+    key = model_token(model)
+    if key in services.workers or await services.workers.wait_for(lambda: key in services.workers,
+                                                                  services.settings.model_wait_s):
+        return True
+    return await services.workers.confirm(key)
 
 
 async def _history(services, request: CreateResponseRequest, tenant: str) -> list[dict[str, Any]]:
@@ -161,6 +160,9 @@ async def create_response(body: CreateResponseRequest, services: Services, tenan
     except InvalidInput as exc:
         raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
     await services.store.create(plan.record, plan.first_events)
+    # A stream listens before the work is queued, so it starts from the events just
+    # stored without reading them back.
+    live = await services.tail.listen(response_id) if body.stream else None
     try:
         await services.js.publish(
             services.names.gen_subject(body.model),
@@ -169,10 +171,12 @@ async def create_response(body: CreateResponseRequest, services: Services, tenan
         )
     except Exception as exc:
         log.exception("publishing %s failed", response_id)
+        if live is not None:
+            await live.close()
         await _fail_unpublished(services, plan.record.base_snapshot)
         raise ApiError(503, "The generation queue is unavailable; retry shortly.") from exc
-    if body.stream:
-        return _stream(services, response_id, -1, plan.record.base_snapshot)
+    if live is not None:
+        return _stream(services, response_id, -1, plan.record.base_snapshot, live=live, known=plan.first_events)
     if body.background:
         return _json(plan.record.base_snapshot)
     final = await _await_terminal(services, response_id)
@@ -249,11 +253,10 @@ async def cancel_response(response_id: str, services: Services, tenant: Tenant) 
 
 async def _order_cancel(services, response_id: str) -> None:
     await services.store.request_cancel(response_id)
-    # The flag reaches a worker that has not picked the request up yet; the message
-    # reaches the one generating it now.
-    await services.cancel_flags.put(response_id, b"1")
+    # Every worker watches the flags: the one generating the response aborts it, and
+    # whichever picks it up later ends it at once.
     order = CancelOrder(response_id=response_id).model_dump_json().encode()
-    await services.nc.publish(services.names.cancel_subject(response_id), order)
+    await services.cancel_flags.put(response_id, order)
 
 
 @router.delete("/v1/responses/{response_id}")

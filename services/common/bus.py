@@ -3,7 +3,6 @@
 Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                 GenerationRequest, work-queue stream ``NS_GEN``
   ``ns.tokens.<p>.<response_id>``    TokenBatch / GenerationEnded, stream ``NS_TOKENS``
-  ``ns.cancel.<response_id>``        CancelOrder, core NATS
   ``ns.events.<response_id>``        CommittedEvents, core NATS
 """
 
@@ -82,9 +81,6 @@ class Names:
 
     def parser_consumer(self, partition: int) -> str:
         return f"parser-p{partition}"
-
-    def cancel_subject(self, response_id: str) -> str:
-        return f"{self.namespace}.cancel.{response_id}"
 
     def events_subject(self, response_id: str) -> str:
         return f"{self.namespace}.events.{response_id}"

@@ -2,6 +2,6 @@
 
 from services.edge.event_reader import EventReader
 from services.edge.sse import SSE_HEADERS, frame, sse_body
-from services.edge.tail import ResponseTail
+from services.edge.tail import LiveEvents, ResponseTail
 
-__all__ = ["EventReader", "ResponseTail", "SSE_HEADERS", "frame", "sse_body"]
+__all__ = ["EventReader", "LiveEvents", "ResponseTail", "SSE_HEADERS", "frame", "sse_body"]

@@ -14,6 +14,7 @@ from typing import AsyncIterator, Callable
 import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from schemas.events import CommittedEvents, LoggedEvent
 from services.edge.event_reader import EventReader
@@ -53,21 +54,31 @@ class ResponseTail:
             for event in run:
                 yield event
 
+    async def listen(self, response_id: str) -> "LiveEvents":
+        """Starts receiving the events the parser announces for ``response_id``; whoever
+        listens before the response can produce any need not read what came before."""
+        live = LiveEvents()
+        live.subscription = await self._nc.subscribe(self._subject_for(response_id), cb=live.on_message)
+        return live
+
     async def runs(
-        self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
+        self,
+        response_id: str,
+        after: int = -1,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        *,
+        live: "LiveEvents | None" = None,
+        known: list[LoggedEvent] | None = None,
     ) -> AsyncIterator[list[LoggedEvent]]:
         """The same events, in runs as they become available (a replay is one run), so a
-        writer can send each run at once."""
-        live: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
-
-        async def on_message(msg: Msg) -> None:
-            live.put_nowait(CommittedEvents.model_validate_json(msg.data).events)
-
-        subscription = await self._nc.subscribe(self._subject_for(response_id), cb=on_message)
+        writer can send each run at once. ``known``: every event after ``after`` that is
+        stored so far, when the caller has them (a response it has just created), with
+        ``live`` listening since before they were stored; otherwise they are read."""
+        live = live or await self.listen(response_id)
         cursor = after
         interval = poll_interval_s
         try:
-            batch = await self._read_after(response_id, cursor)
+            batch = known if known is not None else await self._read_after(response_id, cursor)
             while True:
                 run: list[LoggedEvent] = []
                 for event in batch:
@@ -84,11 +95,28 @@ class ResponseTail:
                 if run:
                     yield run
                 try:
-                    batch = await asyncio.wait_for(live.get(), interval)
+                    batch = await asyncio.wait_for(live.queue.get(), interval)
                     interval = poll_interval_s
                 except asyncio.TimeoutError:
                     batch = await self._read_after(response_id, cursor)
                     connected = self._nc.is_connected
                     interval = min(interval * 2, MAX_POLL_INTERVAL_S) if connected and not batch else poll_interval_s
         finally:
-            await subscription.unsubscribe()
+            await live.close()
+
+
+class LiveEvents:
+    """Committed events of one response as the parser announces them (core NATS: fast,
+    but a message can be lost, which the tail notices as a gap)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
+        self.subscription: Subscription | None = None
+
+    async def on_message(self, msg: Msg) -> None:
+        self.queue.put_nowait(CommittedEvents.model_validate_json(msg.data).events)
+
+    async def close(self) -> None:
+        if self.subscription is not None:
+            await self.subscription.unsubscribe()
+            self.subscription = None

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import asyncpg
 from openai_harmony import HarmonyEncoding
 
-from schemas.bus import TokenBatch
 from schemas.events import LoggedEvent
 from schemas.responses import ParseContext
 from services.parser.event_log import EventLog, ResponseWrite
@@ -38,13 +37,13 @@ class AuditResult:
 
 async def audit(pool: asyncpg.Pool, encoding: HarmonyEncoding, response_id: str, restore: bool = False) -> AuditResult:
     log = EventLog(pool)
-    record = await log.load_response(response_id)
+    record = await log.load(response_id)
     if record is None:
         raise LookupError(f"no response {response_id}")
     state = ResponseState(response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), encoding)
     reparsed: list[LoggedEvent] = []
-    for message in await log.load_consumed(response_id):
-        applied = state.apply_batch(message) if isinstance(message, TokenBatch) else state.apply_end(message)
+    for message in record.consumed:
+        applied = state.apply(message)
         if applied is not None:
             reparsed += applied.events
     if restore and reparsed:

@@ -17,10 +17,14 @@ UNSTORED_GRACE = "5 minutes"
 
 @dataclass(frozen=True)
 class ResponseRecord:
+    """What a response's state is rebuilt from: its request context and the token
+    messages already consumed for it, in order."""
+
     response_id: str
     status: str
     base_snapshot: dict[str, Any]
     parse_context: dict[str, Any]
+    consumed: list[TokenBatch | GenerationEnded]
 
 
 @dataclass
@@ -44,15 +48,16 @@ def _token_row(response_id: str, message: TokenBatch | GenerationEnded) -> tuple
     return (response_id, message.attempt, message.batch_count, "{}", None, message.model_dump_json())
 
 
-def _stored_message(response_id: str, row: asyncpg.Record) -> TokenBatch | GenerationEnded:
-    if row["ended"] is not None:
-        return GenerationEnded.model_validate_json(row["ended"])
-    logprobs = orjson.loads(row["logprobs"]) if row["logprobs"] is not None else {}
+def _stored_message(response_id: str, row: list) -> TokenBatch | GenerationEnded:
+    attempt, batch_no, token_ids, logprobs, ended = row
+    if ended is not None:
+        return GenerationEnded.model_validate(ended)
+    logprobs = logprobs or {}
     return TokenBatch(
         response_id=response_id,
-        attempt=row["attempt"],
-        batch_no=row["batch_no"],
-        token_ids=list(row["token_ids"]),
+        attempt=attempt,
+        batch_no=batch_no,
+        token_ids=token_ids,
         logprobs=logprobs.get("logprobs"),
         top_logprobs=logprobs.get("top_logprobs"),
     )
@@ -62,21 +67,13 @@ class EventLog:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def load_response(self, response_id: str) -> ResponseRecord | None:
-        row = await self._pool.fetchrow(
-            "SELECT status, base_snapshot::text, parse_context::text FROM responses WHERE id = $1", response_id
-        )
+    async def load(self, response_id: str) -> ResponseRecord | None:
+        """The response and everything consumed for it, in one round trip."""
+        row = await self._pool.fetchrow(_LOAD, response_id)
         if row is None:
             return None
-        return ResponseRecord(response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]))
-
-    async def load_consumed(self, response_id: str) -> list[TokenBatch | GenerationEnded]:
-        rows = await self._pool.fetch(
-            "SELECT attempt, batch_no, token_ids, logprobs::text AS logprobs, ended::text AS ended"
-            " FROM response_tokens WHERE response_id = $1 ORDER BY attempt, batch_no",
-            response_id,
-        )
-        return [_stored_message(response_id, row) for row in rows]
+        consumed = [_stored_message(response_id, message) for message in orjson.loads(row[3])]
+        return ResponseRecord(response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]), consumed)
 
     async def commit(self, writes: list[ResponseWrite]) -> None:
         """Everything in one statement: one round trip, atomic."""
@@ -94,6 +91,14 @@ class EventLog:
             _COMMIT, *columns(events, 4), *columns(tokens, 6), started, *columns(finals, 5)
         )
 
+
+_LOAD = """
+SELECT r.status, r.base_snapshot::text, r.parse_context::text,
+       coalesce((SELECT json_agg(json_build_array(t.attempt, t.batch_no, t.token_ids, t.logprobs, t.ended)
+                                 ORDER BY t.attempt, t.batch_no)
+                 FROM response_tokens AS t WHERE t.response_id = r.id), '[]')::text
+FROM responses AS r WHERE r.id = $1
+"""
 
 _COMMIT = f"""
 WITH new_events AS (

@@ -89,6 +89,10 @@ class ResponseState:
             error_message=message,
         )
 
+    def apply(self, message: TokenBatch | GenerationEnded) -> Applied | None:
+        """Applies a message from the token stream; None for a duplicate."""
+        return self.apply_batch(message) if isinstance(message, TokenBatch) else self.apply_end(message)
+
     def apply_batch(self, batch: TokenBatch) -> Applied | None:
         if self.is_duplicate(batch.attempt, batch.batch_no):
             return None

@@ -127,17 +127,14 @@ class ParserService:
         state = self._states.get(response_id)
         if state is not None:
             return state
-        record = await self._log.load_response(response_id)
+        record = await self._log.load(response_id)
         if record is None:
             return None
         state = ResponseState(
             response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), self._encoding
         )
-        for message in await self._log.load_consumed(response_id):
-            if isinstance(message, TokenBatch):
-                state.apply_batch(message)
-            else:
-                state.apply_end(message)
+        for message in record.consumed:
+            state.apply(message)
         self._states[response_id] = state
         return state
 
@@ -178,10 +175,7 @@ class ParserService:
                 for position, (msg, decoded) in enumerate(items):
                     was_started = state.started
                     try:
-                        if isinstance(decoded, TokenBatch):
-                            applied = state.apply_batch(decoded)
-                        else:
-                            applied = state.apply_end(decoded)
+                        applied = state.apply(decoded)
                     except OutOfOrder as exc:
                         log.info("%s; retrying later", exc)
                         to_retry += [m for m, _ in items[position:]]

@@ -17,10 +17,10 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import KeyNotFoundError
 
 from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
 from services.common.bus import (
+    CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
     cancel_flags,
@@ -29,6 +29,7 @@ from services.common.bus import (
     model_token,
     worker_registry,
 )
+from services.common.kv_mirror import KvMirror
 from services.worker.engine import Engine, EngineError
 from services.worker.prior_output import PriorOutput, read_prior_output
 from services.worker.token_batcher import PendingBatch, coalesce
@@ -58,7 +59,6 @@ class GenerationWorker:
         batch_max_tokens: int = 64,
         keepalive_s: float = 15.0,
     ) -> None:
-        self._nc = nc
         self._js = nc.jetstream()
         self._names = names
         self._model = model
@@ -69,6 +69,8 @@ class GenerationWorker:
         self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
+        # response id -> engine request id, for the requests generating here now
+        self._running: dict[str, str] = {}
 
     async def run(self) -> None:
         names = self._names
@@ -81,13 +83,18 @@ class GenerationWorker:
             ),
         )
         subscription = await self._js.pull_subscribe_bind(durable, stream=names.gen_stream)
-        self._cancel_flags = await cancel_flags(self._js, names)
+        # Every cancel order reaches every worker through this one watcher: a request not
+        # started yet is ended at once when it comes, one generating here is aborted.
+        self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
+                                 on_put=self._on_cancel)
+        await self._cancels.start()
         registration = asyncio.create_task(self._register())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
             await self._fetch_loop(subscription)
         finally:
             registration.cancel()
+            await self._cancels.stop()
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``;
@@ -107,12 +114,10 @@ class GenerationWorker:
                 await registry.put(model_token(self._model), self._engine.name.encode())
             await asyncio.sleep(WORKER_REGISTRATION_EVERY_S)
 
-    async def _cancelled(self, response_id: str) -> bool:
-        try:
-            await self._cancel_flags.get(response_id)
-        except KeyNotFoundError:
-            return False
-        return True
+    async def _on_cancel(self, response_id: str, _: bytes) -> None:
+        engine_request_id = self._running.get(response_id)
+        if engine_request_id is not None:
+            await self._engine.abort(engine_request_id)
 
     async def _fetch_loop(self, subscription) -> None:
         while not self._stopping.is_set():
@@ -149,13 +154,14 @@ class GenerationWorker:
             self._slots.release()
 
     async def _heartbeat(self, msg: Msg, engine_request_id: str, response_id: str) -> None:
-        """Keeps the request ours, and catches a cancel order whose core message was missed."""
+        """Keeps the request ours, and reads the cancel flag itself in case the watcher
+        missed it (it was cut off from NATS, say)."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             with suppress(Exception):
                 await msg.in_progress()
             with suppress(Exception):
-                if await self._cancelled(response_id):
+                if await self._cancels.confirm(response_id):
                     await self._engine.abort(engine_request_id)
 
     async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
@@ -206,22 +212,15 @@ class GenerationWorker:
         sampling = request.sampling
         if sampling.max_tokens is not None:
             sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(prior.token_ids)})
-        if await self._cancelled(rid):
+        if rid in self._cancels:
             finish = "cancelled"
         elif sampling.max_tokens is not None and sampling.max_tokens <= 0:
             finish = "length"
         else:
             engine_request_id = f"{rid}:{attempt}"
-
-            async def on_cancel(_: Msg) -> None:
-                await self._engine.abort(engine_request_id)
-
-            cancel_subscription = await self._nc.subscribe(self._names.cancel_subject(rid), cb=on_cancel)
+            self._running[rid] = engine_request_id
             heartbeat = asyncio.create_task(self._heartbeat(msg, engine_request_id, rid))
             try:
-                # A cancel that landed between the check above and the subscription.
-                if await self._cancelled(rid):
-                    await self._engine.abort(engine_request_id)
                 outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
                 last = await coalesce(
                     outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens, self._keepalive_s
@@ -230,8 +229,7 @@ class GenerationWorker:
                 error = exc
             finally:
                 heartbeat.cancel()
-                with suppress(Exception):
-                    await cancel_subscription.unsubscribe()
+                self._running.pop(rid, None)
             finish = "error" if error is not None else (last.finish_reason if last else "stop")
         ended = GenerationEnded(
             response_id=rid,

@@ -1,0 +1,130 @@
+"""A live in-memory copy of a KV bucket's keys, fed by one watcher per process.
+
+Hot paths (is this response cancelled? does a worker serve this model?) ask memory
+instead of making a JetStream API round trip per request. The copy may lag the bucket by
+a message's flight time, and while NATS is down it stops changing; callers that must not
+act on a stale answer confirm it with a direct read (see ``confirm``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Awaitable, Callable
+
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 1.0
+
+OnPut = Callable[[str, bytes], Awaitable[None]]
+
+
+class KvMirror:
+    def __init__(self, kv: KeyValue, name: str, forget_after_s: float, on_put: OnPut | None = None) -> None:
+        """``forget_after_s``: the bucket's TTL (an expired key sends no delete, so the
+        copy forgets it itself). ``on_put`` runs for every key written after the start."""
+        self._kv = kv
+        self._name = name
+        self._forget_after_s = forget_after_s
+        self._on_put = on_put
+        # key -> monotonic time of its latest put, oldest first
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Returns once the bucket's current keys are in memory."""
+        loaded = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._follow(loaded))
+        await loaded
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def __contains__(self, key: str) -> bool:
+        return self.age_s(key) is not None
+
+    def age_s(self, key: str) -> float | None:
+        """Seconds since ``key`` was last written, or None if it is not in the bucket."""
+        seen = self._seen.get(key)
+        if seen is None:
+            return None
+        age = time.monotonic() - seen
+        return age if age < self._forget_after_s else None
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Waits until ``predicate()`` holds after some change, at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return predicate()
+        return True
+
+    async def confirm(self, key: str) -> bool:
+        """Reads ``key`` from the bucket itself (one round trip)."""
+        try:
+            await self._kv.get(key)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    async def _follow(self, loaded: asyncio.Future) -> None:
+        while True:
+            try:
+                watcher = await self._kv.watchall()
+                async for entry in watcher:
+                    if entry is None:  # the current keys are all in
+                        if not loaded.done():
+                            loaded.set_result(None)
+                        continue
+                    live = loaded.done()
+                    # Keys already there at the start are as old as the bucket says.
+                    age = 0.0 if live else _age_s(entry.created)
+                    await self._apply(entry.key, entry.value, entry.operation, age, live)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not loaded.done():
+                    loaded.set_exception(exc)
+                    return
+                log.warning("watching bucket %s failed (%s); watching again", self._name, exc)
+                await asyncio.sleep(RESTART_DELAY_S)
+
+    async def _apply(self, key: str, value: bytes, operation: str | None, age_s: float, live: bool) -> None:
+        self._seen.pop(key, None)
+        if operation not in (KV_DEL, KV_PURGE):
+            self._seen[key] = time.monotonic() - age_s
+        self._forget_expired()
+        self._changed.set()
+        if live and self._on_put is not None and operation not in (KV_DEL, KV_PURGE):
+            try:
+                await self._on_put(key, value)
+            except Exception:
+                log.exception("handling a write of %s failed", key)
+
+    def _forget_expired(self) -> None:
+        horizon = time.monotonic() - self._forget_after_s
+        while self._seen:
+            key, seen = next(iter(self._seen.items()))
+            if seen >= horizon:
+                break
+            del self._seen[key]
+
+
+def _age_s(created: datetime | None) -> float:
+    if created is None:
+        return 0.0
+    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
