@@ -1,0 +1,82 @@
+"""The in-memory copy of a KV bucket, against real NATS JetStream."""
+
+import asyncio
+import secrets
+
+import nats
+import pytest
+
+from services.common.bus import kv_bucket
+from services.common.kv_mirror import KvMirror
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def bucket(settings):
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    name = f"{settings.namespace}_mirror_{secrets.token_hex(3)}"
+    kv = await kv_bucket(js, name, ttl_s=60)
+    yield name, kv
+    await js.delete_key_value(name)
+    await nc.close()
+
+
+async def test_keys_written_before_the_start_are_there_once_it_returns(bucket):
+    name, kv = bucket
+    await kv.put("early", b"1")
+    mirror = KvMirror(kv, name, forget_after_s=60)
+    await mirror.start()
+    try:
+        assert "early" in mirror
+        assert "missing" not in mirror
+        assert 0 <= mirror.age_s("early") < 5
+    finally:
+        await mirror.stop()
+
+
+async def test_writes_after_the_start_arrive_and_call_back(bucket):
+    name, kv = bucket
+    heard: list[tuple[str, bytes]] = []
+
+    async def on_put(key: str, value: bytes) -> None:
+        heard.append((key, value))
+
+    mirror = KvMirror(kv, name, forget_after_s=60, on_put=on_put)
+    await mirror.start()
+    try:
+        await kv.put("later", b"order")
+        assert await mirror.wait_for(lambda: "later" in mirror, timeout_s=5)
+        assert heard == [("later", b"order")]
+        await kv.delete("later")
+        assert await mirror.wait_for(lambda: "later" not in mirror, timeout_s=5)
+        assert heard == [("later", b"order")]  # a delete is not a write to act on
+    finally:
+        await mirror.stop()
+
+
+async def test_a_key_is_forgotten_once_older_than_the_bucket_ttl(bucket):
+    name, kv = bucket
+    mirror = KvMirror(kv, name, forget_after_s=0.3)
+    await mirror.start()
+    try:
+        await kv.put("brief", b"1")
+        assert await mirror.wait_for(lambda: "brief" in mirror, timeout_s=5)
+        await asyncio.sleep(0.4)
+        assert "brief" not in mirror
+    finally:
+        await mirror.stop()
+
+
+async def test_waiting_for_a_key_that_never_comes_gives_up_after_the_timeout(bucket):
+    name, kv = bucket
+    mirror = KvMirror(kv, name, forget_after_s=60)
+    await mirror.start()
+    try:
+        assert not await mirror.wait_for(lambda: "never" in mirror, timeout_s=0.2)
+        assert not await mirror.confirm("never")
+        await kv.put("direct", b"1")
+        assert await mirror.confirm("direct")
+    finally:
+        await mirror.stop()
