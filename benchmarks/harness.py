@@ -203,10 +203,10 @@ class Bench:
         self.infra.stop()
 
     # -- scenarios ----------------------------------------------------------------
-    async def ttfe(self, levels: list[int]) -> dict[str, Any]:
+    async def ttfe(self, levels: list[int], samples_wanted: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for level in levels:
-            rounds = max(3, 96 // level)
+            rounds = max(3, samples_wanted // level)
             row: dict[str, Any] = {}
             for name, url in (("steno", self.steno_url), ("baseline", self.baseline_url)):
                 samples = []
@@ -490,7 +490,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await bench.start()
             if "ttfe" in scenarios:
-                results["ttfe"] = await bench.ttfe([int(x) for x in args.ttfe_levels.split(",")])
+                results["ttfe"] = await bench.ttfe([int(x) for x in args.ttfe_levels.split(",")], args.ttfe_samples)
             if "throughput" in scenarios:
                 results["throughput"] = await bench.throughput([int(x) for x in args.throughput_levels.split(",")],
                                                                args.seconds)
@@ -513,6 +513,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--ttfe-levels", default="1,16,128")
+    parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
     parser.add_argument("--throughput-levels", default="8,32,128")
     parser.add_argument("--seconds", type=float, default=8.0, help="per throughput level")
     parser.add_argument("--parser-responses", type=int, default=400)

@@ -54,7 +54,9 @@ def _structured_output(request: CreateResponseRequest) -> StructuredOutput | Non
 
 
 def _stop_tokens(encoding: HarmonyEncoding) -> list[int]:
-    return list(_STOP_TOKENS.setdefault(encoding.name, tuple(encoding.stop_tokens_for_assistant_actions())))
+    if encoding.name not in _STOP_TOKENS:
+        _STOP_TOKENS[encoding.name] = tuple(encoding.stop_tokens_for_assistant_actions())
+    return list(_STOP_TOKENS[encoding.name])
 
 
 _STOP_TOKENS: dict[str, tuple[int, ...]] = {}

@@ -26,4 +26,15 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner_:
+        runner_.run(runner())
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (the API's uvicorn uses it too): the parser and the
+    worker spend about a tenth less CPU per request with it (``steno bench``)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

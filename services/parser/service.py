@@ -24,6 +24,7 @@ from schemas.bus import GenerationEnded, TokenBatch, token_stream_message
 from schemas.events import CommittedEvents
 from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
 from services.parser.event_log import EventLog, ResponseWrite
+from services.parser.group_commit import GroupCommitter
 from services.parser.leases import PartitionLeases
 from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
@@ -48,6 +49,7 @@ class ParserService:
         self._nc = nc
         self._js = nc.jetstream()
         self._log = EventLog(pool)
+        self._committer = GroupCommitter(self._log.commit)
         self._names = names
         self._encoding = encoding
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
@@ -208,7 +210,7 @@ class ParserService:
 
         try:
             if writes:
-                await self._log.commit(writes)
+                await self._committer.commit(writes)
         except Exception:
             log.exception("commit failed; %d messages will be redelivered", len(to_ack))
             for write in writes:

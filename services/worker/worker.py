@@ -243,6 +243,7 @@ class GenerationWorker:
             error_message=str(error) if error is not None else None,
         )
         await self._publish(subject, ended.model_dump_json().encode(), f"{rid}:{attempt}:end")
-        await msg.ack_sync()
+        # Unconfirmed: were the ack lost, the redelivered request finds its end published.
+        await msg.ack()
         log.info("%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens - len(prior.token_ids),
                  time.monotonic() - started)
