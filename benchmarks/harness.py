@@ -11,6 +11,8 @@ Scenarios:
   replay      time to replay a finished 10,000-event response to a client
   storage     bytes per event and per token in Postgres
   cancel      time from POST /cancel to the terminal event, for generating responses
+  vllm        Steno with a vLLM worker against vLLM's own OpenAI server on the same tiny
+              model (needs vLLM: ``infra/vllm-env run steno bench --scenarios vllm``)
 
 NATS and Postgres are found like everything else (STENO_* variables, standard ports, or
 embedded); the run uses a namespace and a database of its own and removes them.
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ import nats
 import orjson
 from openai_harmony import Message, Role
 
+from benchmarks.vllm_side_by_side import side_by_side
 from infra.embedded import free_port, resolve
 from infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
 from schemas.api import CreateResponseRequest
@@ -51,7 +55,7 @@ from services.parser.event_log import EventLog, ResponseWrite
 from services.parser.response_state import ResponseState
 from services.worker.simulator import completion_tokens, read_prompt
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel"]
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "vllm"]
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
 SLOW_MODEL = "steno-slow"
@@ -75,12 +79,6 @@ def pct(values: list[float], q: float) -> float:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """Busy CPU seconds of the whole machine since boot (all but idle and I/O wait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def group_cpu_seconds(command: str) -> float:
@@ -254,28 +252,52 @@ class Bench:
                 "events_per_s": sum(s["events"] for s in samples) / elapsed,
                 "latency_ms_p50": pct(latency, .5), "latency_ms_p99": pct(latency, .99)}
 
+    async def _stage_backlogs(self, stop: asyncio.Event, every_s: float = 0.25) -> dict[str, dict[str, float]]:
+        """Samples JetStream's per-stage counters while a run lasts: requests waiting for
+        a worker (GEN), and token messages waiting for the parser (TOKENS, all
+        partitions). The stage whose queue grows is the bottleneck."""
+        names = Names.from_settings(self.settings)
+        nc = await nats.connect(self.settings.nats_url)
+        js = nc.jetstream()
+        samples: dict[str, list[int]] = {"generation_waiting": [], "tokens_waiting_for_parser": []}
+        try:
+            while not stop.is_set():
+                worker = await js.consumer_info(names.gen_stream, names.worker_consumer(MODEL))
+                tokens = 0
+                for partition in range(names.token_partitions):
+                    info = await js.consumer_info(names.tokens_stream, names.parser_consumer(partition))
+                    tokens += info.num_pending + info.num_ack_pending
+                samples["generation_waiting"].append(worker.num_pending)
+                samples["tokens_waiting_for_parser"].append(tokens)
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), every_s)
+        finally:
+            await nc.close()
+        return {stage: {"mean": round(sum(values) / max(len(values), 1), 1), "max": max(values, default=0)}
+                for stage, values in samples.items()}
+
     async def throughput(self, levels: list[int], seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {}
         first_p99 = None
         for level in levels:
-            pids = self.pids()
-            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            busy_before = machine_busy_seconds()
+            before = self.cpu_by_process()
+            stop_sampling = asyncio.Event()
+            backlogs = asyncio.create_task(self._stage_backlogs(stop_sampling))
             started = time.perf_counter()
             steno = await self._closed_loop(self.steno_url, level, seconds)
             wall = time.perf_counter() - started
-            busy_after = machine_busy_seconds()
-            steno["cpu_cores"] = {name: round((cpu_seconds(pid) - before[name]) / wall, 2)
-                                  for name, pid in pids.items() if name != "baseline"}
-            # Everything else on the machine: Postgres, NATS and this load generator.
-            steno["cpu_cores"]["machine"] = round((busy_after - busy_before) / wall, 2)
+            stop_sampling.set()
+            after = self.cpu_by_process()
+            steno["cpu_cores"] = {name: round((after[name] - used) / wall, 2) for name, used in before.items()
+                                  if name != "baseline" and after[name] - used > 0}
+            steno["stage_backlog"] = await backlogs
             baseline = await self._closed_loop(self.baseline_url, level, seconds)
             out[str(level)] = {"steno": steno, "baseline": baseline,
                                "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
-            busiest = max((k for k in steno["cpu_cores"] if k != "machine"), key=steno["cpu_cores"].get)
             print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
                   f"{steno['events_per_s']:,.0f} ev/s p99 {steno['latency_ms_p99']:.0f} ms | baseline "
-                  f"{baseline['tokens_per_s']:,.0f} tok/s | cpu {steno['cpu_cores']} (busiest: {busiest})", flush=True)
+                  f"{baseline['tokens_per_s']:,.0f} tok/s | cores {steno['cpu_cores']} | backlog "
+                  f"{steno['stage_backlog']}", flush=True)
             first_p99 = first_p99 or steno["latency_ms_p99"]
             if steno["latency_ms_p99"] > 4 * first_p99:
                 print("throughput: latency degraded; stopping the ramp", flush=True)
@@ -452,14 +474,14 @@ class Bench:
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
+    panels = [k for k in ("ttfe", "throughput") if k in results]
+    if not panels:
+        return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("ttfe", "throughput") if k in results]
-    if not panels:
-        return
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for axis, panel in zip(axes[0], panels):
         levels = list(results[panel])
@@ -504,6 +526,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["storage"] = await bench.storage()
             if "cancel" in scenarios:
                 results["cancel"] = await bench.cancel(args.cancels)
+            if "vllm" in scenarios:
+                results["vllm"] = await side_by_side(bench, Path(tmp), [int(x) for x in args.vllm_levels.split(",")],
+                                                     args.vllm_max_tokens, args.vllm_rounds)
         finally:
             await bench.stop()
     return results
@@ -521,6 +546,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fanout-clients", type=int, default=2000)
     parser.add_argument("--replay-events", type=int, default=10_000)
     parser.add_argument("--cancels", type=int, default=10)
+    parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
+    parser.add_argument("--vllm-max-tokens", type=int, default=64)
+    parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")
 
 
 def main(args: argparse.Namespace) -> None:

@@ -223,7 +223,7 @@ async def bench_engine(args, name: str, engine, sampling: SamplingParams, reques
 
 def start_vllm(args):
     from services.worker.vllm_engine import VllmEngine, VllmOptions
-    from tests.vllm.tiny_model import build_tiny_llama
+    from infra.tiny_model import build_tiny_llama
 
     model_path = args.model_path
     if not model_path:

@@ -1,4 +1,5 @@
-"""Coalesces engine outputs into token batches: one per interval or per N tokens."""
+"""Coalesces engine outputs into token batches: the first tokens as they come, then at
+most one batch per interval (or per N tokens)."""
 
 from __future__ import annotations
 
@@ -28,16 +29,24 @@ Flush = Callable[[PendingBatch], Awaitable[None]]
 _INTERVAL_ELAPSED = object()
 
 
+# Harmony's message header (``<|channel|>final<|constrain|>json<|message|>``) and the
+# first words: what a client waits for before it sees anything.
+EAGER_TOKENS = 16
+
+
 async def coalesce(
     outputs: AsyncIterator[EngineOutput],
     flush: Flush,
     interval_s: float,
     max_tokens: int,
     keepalive_s: float | None = None,
+    eager_tokens: int = EAGER_TOKENS,
 ) -> EngineOutput | None:
     """Drains ``outputs`` into ``flush`` calls; returns the output that carried the finish
-    reason (None when the engine stopped without one). The first tokens go out at once
-    (time to first token is what users feel); later ones are coalesced. After
+    reason (None when the engine stopped without one). Until ``eager_tokens`` tokens are
+    out every output goes at once (time to first content is what users feel); after
+    that a batch goes ``interval_s`` after the previous one, or at once when the stream
+    was quieter than that, so a stream costs at most one message per interval. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event."""
     queue: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
@@ -54,7 +63,7 @@ async def coalesce(
     deadline: float | None = None
     last: EngineOutput | None = None
     last_flush = time.monotonic()
-    flushed_tokens = False
+    flushed_tokens = 0
     try:
         while True:
             wake = deadline
@@ -69,6 +78,10 @@ async def coalesce(
                     await flush(PendingBatch())
                     last_flush = time.monotonic()
                     continue
+            # What else came meanwhile goes in the same batch.
+            while isinstance(output, EngineOutput) and output.finish_reason is None and not queue.empty():
+                pending.add(output)
+                output = queue.get_nowait()
             if output is None:
                 break
             if isinstance(output, EngineOutput):
@@ -77,12 +90,14 @@ async def coalesce(
                     last = output
                     break
                 if deadline is None and pending.token_ids:
-                    deadline = time.monotonic() + interval_s
-            due = output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens or not flushed_tokens
+                    deadline = last_flush + interval_s
+            due = (output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens
+                   or flushed_tokens < eager_tokens or time.monotonic() >= last_flush + interval_s)
             if pending.token_ids and due:
+                flushed_tokens += len(pending.token_ids)
                 await flush(pending)
                 pending, deadline = PendingBatch(), None
-                last_flush, flushed_tokens = time.monotonic(), True
+                last_flush = time.monotonic()
         if pending.token_ids:
             await flush(pending)
         await producer  # re-raises what the engine raised

@@ -49,7 +49,7 @@ def matcher_for(tmp_path_factory):
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from tests.vllm.tiny_model import build_harmony_tokenizer
+    from infra.tiny_model import build_harmony_tokenizer
 
     directory = build_harmony_tokenizer(tmp_path_factory.mktemp("harmony-tokenizer"))
     tokenizer = AutoTokenizer.from_pretrained(directory)

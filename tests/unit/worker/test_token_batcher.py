@@ -15,22 +15,46 @@ async def source(outputs, gap_s=0.0, fail=False):
         raise EngineError("boom")
 
 
-def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False):
+def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False, eager_tokens=1):
     flushed = []
 
     async def flush(batch):
         flushed.append(list(batch.token_ids))
 
     async def go():
-        return await coalesce(source(outputs, gap_s, fail), flush, interval_s, max_tokens)
+        return await coalesce(source(outputs, gap_s, fail), flush, interval_s, max_tokens, eager_tokens=eager_tokens)
 
     return asyncio.run(go()), flushed
 
 
-def test_first_tokens_go_out_at_once_then_are_coalesced():
-    outputs = [EngineOutput([i]) for i in range(6)] + [EngineOutput([6], finish_reason="stop")]
-    _, flushed = run(outputs, interval_s=10, max_tokens=100)
-    assert flushed == [[0], [1, 2, 3, 4, 5, 6]]
+def test_the_first_tokens_go_out_as_they_come_then_are_coalesced():
+    outputs = [EngineOutput([i]) for i in range(9)] + [EngineOutput([9], finish_reason="stop")]
+    _, flushed = run(outputs, interval_s=10, max_tokens=100, gap_s=0.005, eager_tokens=4)
+    assert flushed == [[0], [1], [2], [3], [4, 5, 6, 7, 8, 9]]
+
+
+def test_outputs_that_queued_up_during_a_flush_share_the_next_batch():
+    flushed = []
+
+    async def slow_flush(batch):
+        flushed.append(list(batch.token_ids))
+        await asyncio.sleep(0.05)
+
+    async def go():
+        outputs = [EngineOutput([i]) for i in range(5)] + [EngineOutput([5], finish_reason="stop")]
+        await coalesce(source(outputs, gap_s=0.01), slow_flush, 10, 100, eager_tokens=100)
+
+    asyncio.run(go())
+    assert flushed[0] == [0] and len(flushed) < 6
+    assert sum(flushed, []) == list(range(6))
+
+
+def test_a_batch_goes_one_interval_after_the_previous_one():
+    outputs = [EngineOutput([i]) for i in range(8)] + [EngineOutput([8], finish_reason="stop")]
+    _, flushed = run(outputs, interval_s=0.03, max_tokens=100, gap_s=0.01)
+    assert flushed[0] == [0]
+    assert 2 <= len(flushed) <= 5  # about one per 30 ms over 90 ms, not one per token
+    assert sum(flushed, []) == list(range(9))
 
 
 def test_size_cap_splits_batches_and_keeps_every_token():
@@ -63,7 +87,9 @@ def test_logprobs_follow_their_tokens():
         return await coalesce(source(outputs), flush, 10, 100)
 
     asyncio.run(go())
-    assert flushed == [([1], [-1.0]), ([2], [-2.0])]
+    assert all(len(tokens) == len(logprobs) for tokens, logprobs in flushed)
+    assert [t for tokens, _ in flushed for t in tokens] == [1, 2]
+    assert [p for _, logprobs in flushed for p in logprobs] == [-1.0, -2.0]
 
 
 def test_silence_longer_than_the_keepalive_flushes_empty_batches():
