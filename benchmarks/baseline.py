@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
@@ -21,13 +22,19 @@ from schemas.ids import new_response_id
 from schemas.responses import ParseContext
 from services.api.response_plan import plan_response
 from services.common.harmony_vocab import harmony_encoding
+from services.common.runtime import freeze_startup_heap
 from services.edge import SSE_HEADERS, frame
 from services.parser.response_state import ResponseState
 from services.worker.simulator import SimulatorEngine, SimulatorTiming
 
 
 def create_app(timing: SimulatorTiming) -> FastAPI:
-    app = FastAPI()
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        freeze_startup_heap()  # as Steno's services do
+        yield
+
+    app = FastAPI(lifespan=lifespan)
     encoding = harmony_encoding()
     engine = SimulatorEngine(encoding, timing)
 

@@ -210,7 +210,9 @@ class Bench:
                 samples = []
                 limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
                 async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-                    await one_stream(http, url, "warm up")
+                    # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
+                    # server that has been serving; the first burst after a start measures start-up.
+                    await asyncio.gather(*(one_stream(http, url, "warm up") for _ in range(level)))
                     before = self.cpu_by_process()
                     for _ in range(rounds):
                         samples += await asyncio.gather(*(one_stream(http, url, f"ttfe {i}") for i in range(level)))

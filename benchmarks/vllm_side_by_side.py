@@ -92,8 +92,9 @@ async def vllm_stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -
             chunk = orjson.loads(line[6:])
             if chunk.get("choices"):
                 text += chunk["choices"][0].get("text") or ""
-                # The first character of a message's content: where Steno sends its first delta.
-                if first is None and MESSAGE_START in text and SPECIAL.sub("", text.rsplit(MESSAGE_START, 1)[1]):
+                # The first character of a message's content (up to the special token that
+                # ends it): where Steno sends its first delta.
+                if first is None and MESSAGE_START in text and SPECIAL.split(text.rsplit(MESSAGE_START, 1)[1])[0]:
                     first = time.perf_counter()
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]

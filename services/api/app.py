@@ -31,6 +31,7 @@ from services.common import bus, db
 from services.common.config import Settings
 from services.common.harmony_vocab import harmony_encoding
 from services.common.kv_mirror import KvMirror
+from services.common.runtime import freeze_startup_heap
 from services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         await services.open()
         app.state.services = services
+        freeze_startup_heap()
         try:
             yield
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -16,6 +17,16 @@ def configure_logging(service: str) -> None:
     )
 
 
+def freeze_startup_heap() -> None:
+    """Moves everything alive after start-up (modules, pydantic and SDK types, the app)
+    out of the collector's sight. Without this, each full collection walks those
+    hundreds of thousands of objects: a 70-80 ms pause in the API and the parser, which
+    is what the slowest streams of a burst waited for (``steno bench``). Call it once
+    the service is set up."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Runs ``main(stop)``; ``stop`` is set on SIGINT or SIGTERM and main should return."""
 
@@ -24,6 +35,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        freeze_startup_heap()
         await main(stop)
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner_:

@@ -29,9 +29,11 @@ Flush = Callable[[PendingBatch], Awaitable[None]]
 _INTERVAL_ELAPSED = object()
 
 
-# Harmony's message header (``<|channel|>final<|constrain|>json<|message|>``) and the
-# first words: what a client waits for before it sees anything.
-EAGER_TOKENS = 16
+# What a client waits for before it sees anything: Harmony's message header
+# (``<|channel|>final<|constrain|>json<|message|>``, after a short or empty analysis
+# message) and the first words. An engine emitting one token per step costs at most
+# this many extra messages per response.
+EAGER_TOKENS = 32
 
 
 async def coalesce(
