@@ -16,13 +16,13 @@ from contextlib import suppress
 import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from openai_harmony import HarmonyEncoding
 from pydantic import ValidationError
 
 from schemas.bus import GenerationEnded, TokenBatch, token_stream_message
 from schemas.events import CommittedEvents
 from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
+from services.parser.continuous_pull import ContinuousPull
 from services.parser.event_log import EventLog, ResponseWrite
 from services.parser.group_commit import GroupCommitter
 from services.parser.leases import PartitionLeases
@@ -32,7 +32,6 @@ from services.parser.response_state import OutOfOrder, ResponseState
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
-BUSY_FETCH_WAIT_S = 0.002
 MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
 # The parser acks within milliseconds of a fetch; what a dead parser had fetched comes
@@ -88,22 +87,17 @@ class ParserService:
             del self._states[response_id]
 
     async def _consume(self, partition: int) -> None:
-        names = self._names
-        durable = names.parser_consumer(partition)
-        subscription = await self._js.pull_subscribe_bind(durable, stream=names.tokens_stream)
-        busy = False
+        feed = ContinuousPull(self._nc, self._names.tokens_stream, self._names.parser_consumer(partition),
+                              batch=FETCH_BATCH)
+        await feed.start()
         try:
             while True:
                 try:
-                    messages = await self._fetch(subscription, busy)
-                except (NatsTimeoutError, asyncio.TimeoutError):
-                    busy = False
-                    continue
+                    messages = await feed.next_messages(FETCH_BATCH)
                 except Exception:
-                    log.exception("fetching tokens failed; retrying")
+                    log.exception("receiving tokens failed; retrying")
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
-                busy = True
                 try:
                     await self.process(messages)
                 except Exception:
@@ -114,16 +108,7 @@ class ParserService:
                             await msg.nak(delay=RETRY_DELAY_S)
         finally:
             with suppress(Exception):
-                await subscription.unsubscribe()
-
-    @staticmethod
-    async def _fetch(subscription, busy: bool) -> list[Msg]:
-        """Idle: wait for one message (nats-py returns it at once). Busy: take what is
-        there, up to a batch, with almost no wait. (A single lingering fetch of a whole
-        batch would hold the first message until the batch fills or the wait ends.)"""
-        if busy:
-            return await subscription.fetch(FETCH_BATCH, timeout=BUSY_FETCH_WAIT_S)
-        return await subscription.fetch(1, timeout=1.0)
+                await feed.stop()
 
     async def _state_for(self, response_id: str) -> ResponseState | None:
         state = self._states.get(response_id)

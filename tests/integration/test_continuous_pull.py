@@ -1,0 +1,81 @@
+"""The parser's standing pull request, against a real JetStream consumer."""
+
+import asyncio
+import secrets
+import time
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from services.common.bus import durable_pull_config
+from services.parser.continuous_pull import ContinuousPull
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def consumer(settings):
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    stream = f"{settings.namespace.upper()}_PULL_{secrets.token_hex(3).upper()}"
+    subject = f"{settings.namespace}.pull.{secrets.token_hex(3)}"
+    await js.add_stream(StreamConfig(name=stream, subjects=[subject]))
+    await js.add_consumer(stream, durable_pull_config("reader", subject, max_deliver=5, max_ack_pending=1000,
+                                                      ack_wait_s=5))
+    yield nc, js, stream, subject
+    await js.delete_stream(stream)
+    await nc.close()
+
+
+async def receive(feed: ContinuousPull, count: int, timeout_s: float = 5.0) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        messages = await asyncio.wait_for(feed.next_messages(64), deadline - time.monotonic())
+        for msg in messages:
+            got.append(msg.data)
+            await msg.ack()
+    return got
+
+
+async def test_messages_arrive_in_order_beyond_one_request_batch(consumer):
+    nc, js, stream, subject = consumer
+    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=1.0)
+    await feed.start()
+    try:
+        for i in range(30):
+            await js.publish(subject, str(i).encode())
+        assert await receive(feed, 30) == [str(i).encode() for i in range(30)]
+    finally:
+        await feed.stop()
+
+
+async def test_a_message_after_the_request_expired_still_arrives_at_once(consumer):
+    nc, js, stream, subject = consumer
+    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
+    await feed.start()
+    try:
+        waiting = asyncio.create_task(receive(feed, 1))
+        await asyncio.sleep(1.0)  # the first request has expired and been renewed
+        published = time.monotonic()
+        await js.publish(subject, b"late")
+        assert await waiting == [b"late"]
+        assert time.monotonic() - published < 0.5
+    finally:
+        await feed.stop()
+
+
+async def test_after_stop_the_next_reader_gets_what_the_first_left(consumer):
+    nc, js, stream, subject = consumer
+    first = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
+    await first.start()
+    await first.stop()
+    await asyncio.sleep(0.5)  # the abandoned request expires on the server
+    second = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
+    await second.start()
+    try:
+        await js.publish(subject, b"for the next holder")
+        assert await receive(second, 1) == [b"for the next holder"]
+    finally:
+        await second.stop()
