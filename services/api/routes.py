@@ -117,13 +117,14 @@ async def _await_terminal(services, response_id: str, timeout_s: float | None = 
 
 
 async def _model_is_served(services, model: str) -> bool:
-    """A live worker registered the model (in memory); a model not seen there waits for
-    one up to ``model_wait_s``, and is confirmed in the bucket before a 404."""
+    """A live worker registered the model: the in-memory copy of the registry says so,
+    or else the registry itself (the copy may lag); otherwise wait up to
+    ``model_wait_s`` for a worker to register."""
     key = model_token(model)
-    if key in services.workers or await services.workers.wait_for(lambda: key in services.workers,
-                                                                  services.settings.model_wait_s):
+    workers = services.workers
+    if key in workers or await workers.confirm(key):
         return True
-    return await services.workers.confirm(key)
+    return await workers.wait_for(lambda: key in workers, services.settings.model_wait_s) or await workers.confirm(key)
 
 
 async def _history(services, request: CreateResponseRequest, tenant: str) -> list[dict[str, Any]]:

@@ -27,7 +27,8 @@ OnPut = Callable[[str, bytes], Awaitable[None]]
 class KvMirror:
     def __init__(self, kv: KeyValue, name: str, forget_after_s: float, on_put: OnPut | None = None) -> None:
         """``forget_after_s``: the bucket's TTL (an expired key sends no delete, so the
-        copy forgets it itself). ``on_put`` runs for every key written after the start."""
+        copy forgets it itself). ``on_put`` runs for every key the copy learns of, the
+        ones already there at the start included."""
         self._kv = kv
         self._name = name
         self._forget_after_s = forget_after_s
@@ -84,16 +85,7 @@ class KvMirror:
     async def _follow(self, loaded: asyncio.Future) -> None:
         while True:
             try:
-                watcher = await self._kv.watchall()
-                async for entry in watcher:
-                    if entry is None:  # the current keys are all in
-                        if not loaded.done():
-                            loaded.set_result(None)
-                        continue
-                    live = loaded.done()
-                    # Keys already there at the start are as old as the bucket says.
-                    age = 0.0 if live else _age_s(entry.created)
-                    await self._apply(entry.key, entry.value, entry.operation, age, live)
+                await self._watch_once(loaded)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -103,13 +95,42 @@ class KvMirror:
                 log.warning("watching bucket %s failed (%s); watching again", self._name, exc)
                 await asyncio.sleep(RESTART_DELAY_S)
 
-    async def _apply(self, key: str, value: bytes, operation: str | None, age_s: float, live: bool) -> None:
+    async def _watch_once(self, loaded: asyncio.Future) -> None:
+        """Follows the bucket until the connection to NATS is re-established (the server's
+        side of the watcher may be gone then); the caller watches again, and the keys
+        come again, with what changed meanwhile."""
+        nc = self._kv._js._nc
+        reconnects = nc.stats["reconnects"]
+        watcher = await self._kv.watchall()
+
+        async def stop_on_reconnect() -> None:
+            while nc.stats["reconnects"] == reconnects:
+                await asyncio.sleep(RESTART_DELAY_S)
+            await watcher.stop()
+
+        guard = asyncio.create_task(stop_on_reconnect())
+        initial = True
+        try:
+            async for entry in watcher:
+                if entry is None:  # the current keys are all in
+                    initial = False
+                    if not loaded.done():
+                        loaded.set_result(None)
+                    continue
+                # Keys already there when the watch starts are as old as the bucket says.
+                await self._apply(entry.key, entry.value, entry.operation, _age_s(entry.created) if initial else 0.0)
+        finally:
+            guard.cancel()
+
+    async def _apply(self, key: str, value: bytes, operation: str | None, age_s: float) -> None:
         self._seen.pop(key, None)
-        if operation not in (KV_DEL, KV_PURGE):
-            self._seen[key] = time.monotonic() - age_s
+        if operation in (KV_DEL, KV_PURGE):
+            self._changed.set()
+            return
+        self._seen[key] = time.monotonic() - age_s
         self._forget_expired()
         self._changed.set()
-        if live and self._on_put is not None and operation not in (KV_DEL, KV_PURGE):
+        if self._on_put is not None and key in self:
             try:
                 await self._on_put(key, value)
             except Exception:

@@ -26,14 +26,38 @@ async def bucket(settings):
 async def test_keys_written_before_the_start_are_there_once_it_returns(bucket):
     name, kv = bucket
     await kv.put("early", b"1")
-    mirror = KvMirror(kv, name, forget_after_s=60)
+    heard: list[str] = []
+
+    async def on_put(key: str, _: bytes) -> None:
+        heard.append(key)
+
+    mirror = KvMirror(kv, name, forget_after_s=60, on_put=on_put)
     await mirror.start()
     try:
         assert "early" in mirror
         assert "missing" not in mirror
         assert 0 <= mirror.age_s("early") < 5
+        assert heard == ["early"]  # a cancel order that came before the worker still counts
     finally:
         await mirror.stop()
+
+
+async def test_after_a_reconnect_the_copy_catches_up_with_what_changed(bucket, settings):
+    name, kv = bucket
+    watching = await nats.connect(settings.nats_url, reconnect_time_wait=0.1)
+    try:
+        mirror = KvMirror(await kv_bucket(watching.jetstream(), name, ttl_s=60), name, forget_after_s=60)
+        await mirror.start()
+        try:
+            # Drop the watcher's connection the way a NATS restart would; the client reconnects.
+            watching._transport.close()
+            await kv.put("during", b"1")
+            assert await mirror.wait_for(lambda: "during" in mirror, timeout_s=10)
+            assert watching.stats["reconnects"] >= 1
+        finally:
+            await mirror.stop()
+    finally:
+        await watching.close()
 
 
 async def test_writes_after_the_start_arrive_and_call_back(bucket):
