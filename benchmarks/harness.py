@@ -110,8 +110,9 @@ async def one_stream(http: httpx.AsyncClient, url: str, text: str) -> dict[str, 
         return await _one_stream(http, url, text, started)
     except httpx.HTTPError as exc:
         done = time.perf_counter() - started
+        status = f" {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else ""
         return {"first_event_s": done, "first_content_s": done, "total_s": done, "events": 0, "tokens": 0,
-                "error": type(exc).__name__}
+                "error": type(exc).__name__ + status}
 
 
 async def _one_stream(http: httpx.AsyncClient, url: str, text: str, started: float) -> dict[str, Any]:
@@ -222,7 +223,9 @@ class Bench:
                 ok = [s for s in samples if "error" not in s]
                 first = [s["first_event_s"] * 1000 for s in ok]
                 content = [s["first_content_s"] * 1000 for s in ok]
-                row[name] = {"samples": len(samples), "errors": len(samples) - len(ok), "first_event_ms_p50": pct(first, .5),
+                errors = sorted({s["error"] for s in samples if "error" in s})
+                row[name] = {"samples": len(samples), "errors": len(samples) - len(ok), "error_kinds": errors,
+                             "first_event_ms_p50": pct(first, .5),
                              "first_event_ms_p99": pct(first, .99), "first_content_ms_p50": pct(content, .5),
                              "first_content_ms_p99": pct(content, .99), "cpu_ms_per_request": cpu_ms_per_request}
             row["added_first_content_ms_p50"] = row["steno"]["first_content_ms_p50"] - row["baseline"]["first_content_ms_p50"]

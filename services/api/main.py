@@ -13,8 +13,12 @@ from services.common.runtime import configure_logging
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    # Longer than a load balancer's idle timeout (60 s on most), so the server never closes
+    # a pooled connection just as a client sends its next request on it.
+    parser.add_argument("--keep-alive-s", type=float, default=75.0, help="idle keep-alive connection timeout")
 
 
 def run(args: argparse.Namespace) -> None:
     configure_logging("api")
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                timeout_keep_alive=args.keep_alive_s)
