@@ -496,7 +496,8 @@ def chart(results: dict[str, Any], path: Path) -> None:
                           label=f"{name} p50")
                 axis.plot(levels, [results[panel][lv][name]["first_content_ms_p99"] for lv in levels], style,
                           alpha=.5, label=f"{name} p99")
-            axis.set_ylabel("time to first content event (ms)")
+            axis.set_ylabel("time to first content event (ms, log scale)")
+            axis.set_yscale("log")
         else:
             for name, style in (("steno", "o-"), ("baseline", "s--")):
                 axis.plot(levels, [results[panel][lv][name]["tokens_per_s"] for lv in levels], style, label=name)
