@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from contextlib import suppress
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
@@ -121,6 +122,8 @@ class KvMirror:
                 await self._apply(entry.key, entry.value, entry.operation, _age_s(entry.created) if initial else 0.0)
         finally:
             guard.cancel()
+            with suppress(Exception):
+                await watcher.stop()
 
     async def _apply(self, key: str, value: bytes, operation: str | None, age_s: float) -> None:
         self._seen.pop(key, None)
