@@ -39,6 +39,7 @@ import nats
 import orjson
 from openai_harmony import Message, Role
 
+from benchmarks.sse_client import HttpError, SseClient
 from benchmarks.vllm_side_by_side import side_by_side
 from infra.embedded import free_port, resolve
 from infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
@@ -59,7 +60,7 @@ SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "can
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
 SLOW_MODEL = "steno-slow"
-CONTENT_EVENTS = ("response.reasoning_text.delta", "response.output_text.delta")
+CONTENT_EVENTS = (b"response.reasoning_text.delta", b"response.output_text.delta")
 LONG_INPUT = " ".join(f"word{i}" for i in range(70))
 
 
@@ -102,37 +103,24 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-async def one_stream(http: httpx.AsyncClient, url: str, text: str) -> dict[str, Any]:
+async def one_stream(client: SseClient, text: str) -> dict[str, Any]:
     """One streaming request: when its first event and first content came, and totals
     (``error`` set when the request failed)."""
     started = time.perf_counter()
     try:
-        return await _one_stream(http, url, text, started)
-    except httpx.HTTPError as exc:
+        reply = await client.post_stream("/v1/responses", {"model": MODEL, "input": text, "stream": True})
+    except HttpError as exc:
         done = time.perf_counter() - started
-        status = f" {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError) else ""
         return {"first_event_s": done, "first_content_s": done, "total_s": done, "events": 0, "tokens": 0,
-                "error": type(exc).__name__ + status}
-
-
-async def _one_stream(http: httpx.AsyncClient, url: str, text: str, started: float) -> dict[str, Any]:
-    first = first_content = None
-    events = tokens = 0
-    async with http.stream("POST", url, json={"model": MODEL, "input": text, "stream": True}) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            now = time.perf_counter()
-            events += 1
-            first = first or now
-            if first_content is None and any(kind in line[:60] for kind in CONTENT_EVENTS):
-                first_content = now
-            if line.startswith('data: {"type":"response.completed"') or '"response.completed"' in line[:40]:
-                tokens = orjson.loads(line[6:])["response"]["usage"]["output_tokens"]
+                "error": str(exc)}
     done = time.perf_counter()
-    return {"first_event_s": (first or done) - started, "first_content_s": (first_content or done) - started,
-            "total_s": done - started, "events": events, "tokens": tokens}
+    frames = reply.frames
+    first = frames[0][0] if frames else done
+    first_content = next((at for at, data in frames if any(kind in data[:60] for kind in CONTENT_EVENTS)), done)
+    tokens = next((orjson.loads(data)["response"]["usage"]["output_tokens"] for _, data in reversed(frames)
+                   if data.startswith(b'{"type":"response.completed"')), 0)
+    return {"first_event_s": first - started, "first_content_s": first_content - started,
+            "total_s": done - started, "events": len(frames), "tokens": tokens}
 
 
 class Bench:
@@ -209,14 +197,13 @@ class Bench:
             row: dict[str, Any] = {}
             for name, url in (("steno", self.steno_url), ("baseline", self.baseline_url)):
                 samples = []
-                limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
-                async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+                async with SseClient(url, connections=level) as client:
                     # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
                     # server that has been serving; the first burst after a start measures start-up.
-                    await asyncio.gather(*(one_stream(http, url, "warm up") for _ in range(level)))
+                    await asyncio.gather(*(one_stream(client, "warm up") for _ in range(level)))
                     before = self.cpu_by_process()
                     for _ in range(rounds):
-                        samples += await asyncio.gather(*(one_stream(http, url, f"ttfe {i}") for i in range(level)))
+                        samples += await asyncio.gather(*(one_stream(client, f"ttfe {i}") for i in range(level)))
                     after = self.cpu_by_process()
                     cpu_ms_per_request = {process: round((after[process] - used) * 1000 / len(samples), 2)
                                           for process, used in before.items() if after[process] - used > 0}
@@ -243,11 +230,10 @@ class Bench:
     async def _closed_loop(self, url: str, level: int, seconds: float) -> dict[str, Any]:
         deadline = time.perf_counter() + seconds
         samples: list[dict[str, Any]] = []
-        limits = httpx.Limits(max_connections=level + 8, max_keepalive_connections=level + 8)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        async with SseClient(url, connections=level) as client:
             async def loop(i: int) -> None:
                 while time.perf_counter() < deadline:
-                    samples.append(await one_stream(http, url, f"{i} {LONG_INPUT}"))
+                    samples.append(await one_stream(client, f"{i} {LONG_INPUT}"))
 
             started = time.perf_counter()
             await asyncio.gather(*(loop(i) for i in range(level)))

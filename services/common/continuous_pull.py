@@ -1,0 +1,136 @@
+"""One standing pull request on a durable consumer, so messages arrive as they are
+stored instead of one fetch round trip (and an expiry notice) per wake-up.
+
+nats-py's ``fetch`` sends a new request each call; while a partition sees a message every
+few milliseconds, those requests and their 408 replies outnumbered the token messages
+themselves (``steno bench``). Here one request for ``batch`` messages stays open for
+``expires_s``; a new one goes out when it is used up, expires, or the server ends it.
+JetStream drops a request whose inbox lost its subscriber (a holder that stopped or
+died) when it next has a message for it, so a partition changes hands at once. A
+request lives ``expires_s`` and is renewed when it ends; a request NATS lost (a
+reconnect) or ended without its notice reaching us is renewed when noticed, checked
+every ``CHECK_EVERY_S``: rarely, since each request lives long.
+
+With ``credits`` the consumer takes no more messages than it can run at once (a
+worker's free slots): each message delivered uses a credit, ``release`` gives one back,
+and a request asks for at most the credits in hand, so waiting work stays in JetStream.
+A request is never left waiting for a full batch: messages are handed over as they come."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import suppress
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+STATUS = "Status"
+# Idle heartbeat of a request that found nothing yet; the server's end-of-request notices.
+HEARTBEAT, NO_MESSAGES, REQUEST_ENDED, CONFLICT = "100", "404", "408", "409"
+# How long past its expiry a request's end notice may be late before we stop waiting.
+GRACE_S = 0.5
+# How often a waiting reader checks that its request is still there.
+CHECK_EVERY_S = 1.0
+
+
+class ContinuousPull:
+    def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float = 30.0,
+                 credits: int | None = None) -> None:
+        self._nc = nc
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._batch = batch
+        self._expires_s = expires_s
+        self._subscription: Subscription | None = None
+        self._inbox = ""
+        self._left = 0  # messages the open request may still deliver; 0: none is open
+        self._ends_at = 0.0
+        self._reconnects = 0  # the connection's reconnect count when the request went out
+        self._credits = credits
+        self._credit_returned = asyncio.Event()
+
+    async def start(self) -> None:
+        self._inbox = self._nc.new_inbox()
+        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        self._subscription = await self._nc.subscribe(self._inbox, cb=self._on_message)
+        await self._request()
+
+    async def stop(self) -> None:
+        """Stops receiving; what arrived but was not taken goes back to the stream at once."""
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+        while not self._arrived.empty():
+            msg = self._arrived.get_nowait()
+            if not (msg.headers and msg.headers.get(STATUS)):
+                with suppress(Exception):
+                    await msg.nak()
+
+    def release(self, count: int = 1) -> None:
+        """``count`` messages taken earlier are done with: room for as many more."""
+        if self._credits is not None:
+            self._credits += count
+            self._credit_returned.set()
+
+    async def _on_message(self, msg: Msg) -> None:
+        self._arrived.put_nowait(msg)
+
+    async def _request(self) -> None:
+        size = self._batch if self._credits is None else min(self._batch, self._credits)
+        self._left = max(size, 0)
+        if self._left == 0:
+            return
+        body = {"batch": size, "expires": int(self._expires_s * 1e9)}
+        self._reconnects = self._nc.stats["reconnects"]
+        await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=self._inbox)
+        self._ends_at = time.monotonic() + self._expires_s + GRACE_S
+
+    async def next_messages(self, limit: int) -> list[Msg]:
+        """Waits for the next message, then takes whatever else has arrived, up to ``limit``."""
+        taken: list[Msg] = []
+        while not taken:
+            if self._left == 0:
+                await self._request()
+                if self._left == 0:  # no credit: wait for some to come back
+                    self._credit_returned.clear()
+                    await self._credit_returned.wait()
+                    continue
+            now = time.monotonic()
+            if now >= self._ends_at or self._nc.stats["reconnects"] != self._reconnects:
+                await self._request()  # the request is gone without its end notice
+                continue
+            try:
+                msg = await asyncio.wait_for(self._arrived.get(), min(CHECK_EVERY_S, self._ends_at - now))
+            except asyncio.TimeoutError:
+                continue
+            await self._take(msg, taken)
+            while len(taken) < limit and not self._arrived.empty():
+                await self._take(self._arrived.get_nowait(), taken)
+        return taken
+
+    async def _take(self, msg: Msg, taken: list[Msg]) -> None:
+        status = msg.headers.get(STATUS) if msg.headers else None
+        if status is None:
+            taken.append(msg)
+            self._left -= 1
+            if self._credits is not None:
+                self._credits -= 1
+            if self._left == 0:
+                await self._request()
+        elif status == HEARTBEAT:
+            return
+        elif status in (NO_MESSAGES, REQUEST_ENDED):
+            await self._request()
+        else:
+            if status == CONFLICT:  # leadership change, consumer deleted or changed
+                log.info("pull request on %s ended: %s %s", self._next_subject, status, msg.headers.get("Description"))
+            else:
+                log.warning("pull request on %s failed: %s %s", self._next_subject, status,
+                            msg.headers.get("Description"))
+            await asyncio.sleep(0.1)
+            await self._request()
