@@ -7,8 +7,9 @@ nothing of the Responses API; ``response_builder`` turns fragments into events."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, StreamState
+from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class HarmonyStreamSplitter:
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._parser = StreamableParser(encoding, role=Role.ASSISTANT)
+        self._message_token, self._stop_tokens = _boundary_tokens(encoding)
         self._in_content = False
         self._broken = False
         self.channel: str | None = None
@@ -68,7 +70,11 @@ class HarmonyStreamSplitter:
                 self._broken = True
                 fragments.append(MalformedOutput(str(exc)))
                 return fragments
-            in_content = parser.state == StreamState.CONTENT
+            # The parser's own state is a JSON dump of the whole message so far, which
+            # costs a pass over it for every token; the state follows from the token:
+            # ``<|message|>`` opens the content, a stop token closes it (a token out of
+            # place has raised above).
+            in_content = token not in self._stop_tokens if self._in_content else token == self._message_token
             if in_content and not self._in_content:
                 self.channel = parser.current_channel
                 fragments.append(
@@ -87,3 +93,10 @@ class HarmonyStreamSplitter:
                 self.channel = None
             self._in_content = in_content
         return fragments
+
+
+@lru_cache(maxsize=4)
+def _boundary_tokens(encoding: HarmonyEncoding) -> tuple[int, frozenset[int]]:
+    """``<|message|>``, and the tokens that end a message (``<|end|>``, ``<|return|>``, ``<|call|>``)."""
+    (message,) = encoding.encode("<|message|>", allowed_special="all")
+    return message, frozenset(encoding.stop_tokens())

@@ -62,3 +62,39 @@ def test_unsupported_input_names_the_item(items, param):
     with pytest.raises(InvalidInput) as info:
         build_conversation(CreateResponseRequest(model="m", input=items), 0)
     assert info.value.param == param
+
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather now",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+REASONED_TURN = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "I should call the tool."}]},
+    {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": "18C"},
+    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Now answer."}]},
+    {"role": "assistant", "content": "It is 18C."},
+]
+
+
+@pytest.mark.parametrize("request_body", [
+    {"input": "Hello"},
+    {"input": "x", "instructions": "Be terse.", "reasoning": {"effort": "high"}},
+    {"input": "x", "tools": [WEATHER_TOOL], "tool_choice": "required"},
+    {"input": "x", "tools": [{"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}]},
+    # A finished turn: its analysis is dropped, as Harmony drops it.
+    {"input": REASONED_TURN + [{"role": "user", "content": "And tomorrow?"}], "tools": [WEATHER_TOOL]},
+    # A turn still reasoning: its analysis stays.
+    {"input": REASONED_TURN[:4], "tools": [WEATHER_TOOL]},
+    {"input": [{"role": "developer", "content": "Speak French."}, {"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Salut", "phase": "commentary"}]},
+])
+def test_rendering_reuses_messages_and_matches_harmony_rendering_the_whole_conversation(request_body):
+    """The prompt is rendered message by message, reusing messages rendered before; it
+    must be token for token what Harmony renders for the whole conversation."""
+    from openai_harmony import Role
+
+    request = CreateResponseRequest(model="m", **request_body)
+    conversation, _ = build_conversation(request, 1767225600)
+    whole = encoding().render_conversation_for_completion(conversation, Role.ASSISTANT)
+    assert render_prompt(encoding(), request, 1767225600).token_ids == whole
+    assert render_prompt(encoding(), request, 1767225600).token_ids == whole  # from the reused messages

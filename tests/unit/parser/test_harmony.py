@@ -76,3 +76,34 @@ def test_any_batch_split_yields_the_same_text(reasoning, answer, cuts):
     _, split = split_all(tokens, [c for c in cuts if c < len(tokens)])
     assert messages_of(split) == messages_of(whole)
     assert [m[2] for m in messages_of(whole)] == [reasoning, answer]
+
+
+SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=12), min_size=1, max_size=4),
+    channels=st.lists(st.sampled_from(["analysis", "commentary", "final"]), min_size=4, max_size=4),
+    noise=st.lists(st.tuples(st.integers(min_value=0, max_value=120), st.sampled_from(SPECIALS)), max_size=3),
+)
+def test_message_boundaries_follow_harmony_own_state(texts, channels, noise):
+    """Where a message's content starts and ends is tracked from the tokens; it must agree
+    with Harmony's parser on every token, in well-formed output and in output with stray
+    formatting tokens."""
+    from openai_harmony import HarmonyError, Role, StreamableParser, StreamState
+
+    enc = encoding()
+    tokens = completion([assistant(channel, text) for channel, text in zip(channels, texts)])
+    for position, special in sorted(noise, reverse=True):
+        tokens[position:position] = enc.encode(special, allowed_special="all")
+    reference = StreamableParser(enc, Role.ASSISTANT)
+    splitter = HarmonyStreamSplitter(enc)
+    for token in tokens:
+        fragments = splitter.feed([token])
+        try:
+            reference.process(token)
+        except HarmonyError:
+            assert any(isinstance(f, MalformedOutput) for f in fragments)
+            return
+        assert splitter.in_message == (reference.state == StreamState.CONTENT)
