@@ -3,7 +3,7 @@ consumer can refuse (visibly) what it does not understand instead of misreading 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -27,6 +27,16 @@ class SamplingParams(BaseModel):
     structured_output: StructuredOutput | None = None
 
 
+class ParserSeed(BaseModel):
+    """What the parser builds a new response's state from, exactly as the API recorded it
+    in Postgres. It rides on the generation request and the first token batch, so the
+    parser need not read it back before the first content can go out; the worker only
+    passes it on."""
+
+    base_snapshot: dict[str, Any]
+    parse_context: dict[str, Any]
+
+
 class GenerationRequest(BaseModel):
     """Work for a generation worker: published once per response on ``<ns>.gen.<model>``."""
 
@@ -36,6 +46,7 @@ class GenerationRequest(BaseModel):
     attempt: int = 0
     prompt_token_ids: list[int]
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    parser_seed: ParserSeed | None = None
 
 
 class TokenBatch(BaseModel):
@@ -53,6 +64,8 @@ class TokenBatch(BaseModel):
     # Parallel to token_ids when the request asked for logprobs.
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # On the first batch of the first attempt: the request's seed for the parser.
+    parser_seed: ParserSeed | None = None
 
 
 class GenerationEnded(BaseModel):

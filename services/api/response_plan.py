@@ -9,7 +9,7 @@ import orjson
 from openai_harmony import HarmonyEncoding
 
 from schemas.api import CreateResponseRequest
-from schemas.bus import GenerationRequest, SamplingParams, StructuredOutput
+from schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
 from schemas.events import LoggedEvent
 from schemas.ids import derived_id
 from services.api.render import InvalidInput, render_prompt
@@ -147,6 +147,7 @@ def plan_response(
         record=record,
         first_events=[LoggedEvent(seq=0, type="response.created", payload=orjson.dumps(created).decode())],
         generation=GenerationRequest(
-            response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling
+            response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling,
+            parser_seed=ParserSeed(base_snapshot=snapshot, parse_context=record.parse_context),
         ),
     )

@@ -10,6 +10,8 @@ import asyncpg
 import orjson
 
 from schemas.events import LoggedEvent
+from services.common.db import unnest_columns
+from services.common.group_commit import GroupCommitter
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -55,27 +57,24 @@ def _json(value: Any) -> str:
 class ResponseStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        self._creates: GroupCommitter[tuple[NewResponse, list[LoggedEvent]]] = GroupCommitter(self._create_many)
 
     async def create(self, new: NewResponse, first_events: list[LoggedEvent]) -> None:
-        """The response row, its input items and its first events: one statement, atomic."""
-        await self._pool.execute(
-            _CREATE,
-            new.response_id,
-            new.tenant_id,
-            new.model,
-            new.status,
-            new.background,
-            new.store,
-            new.previous_response_id,
-            _json(new.request),
-            _json(new.parse_context),
-            _json(new.base_snapshot),
-            [item["id"] for item in new.input_items],
-            [_json(item) for item in new.input_items],
-            [e.seq for e in first_events],
-            [e.type for e in first_events],
-            [e.payload for e in first_events],
-        )
+        """The response row, its input items and its first events, atomically; responses
+        created at the same moment share the statement."""
+        await self._creates.commit([(new, first_events)])
+
+    async def _create_many(self, creations: list[tuple[NewResponse, list[LoggedEvent]]]) -> None:
+        responses = [
+            (new.response_id, new.tenant_id, new.model, new.status, new.background, new.store,
+             new.previous_response_id, _json(new.request), _json(new.parse_context), _json(new.base_snapshot))
+            for new, _ in creations
+        ]
+        items = [(new.response_id, position, item["id"], _json(item))
+                 for new, _ in creations for position, item in enumerate(new.input_items)]
+        events = [(new.response_id, e.seq, e.type, e.payload) for new, first_events in creations for e in first_events]
+        await self._pool.execute(_CREATE, *unnest_columns(responses, 10), *unnest_columns(items, 4),
+                                 *unnest_columns(events, 4))
 
     async def fail_unstarted(self, response_id: str, events: list[LoggedEvent], snapshot: dict[str, Any]) -> None:
         """Ends a response no worker will ever see (its work could not be published)."""
@@ -192,17 +191,18 @@ class ResponseStore:
 
 
 _CREATE = """
-WITH response AS (
+WITH new_responses AS (
     INSERT INTO responses (id, tenant_id, model, status, background, store, previous_response_id,
                            request, parse_context, base_snapshot)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::jsonb, $10::jsonb)
-    RETURNING id
-), items AS (
+    SELECT id, tenant, model, status, background, store, previous, request::jsonb, context::json, snapshot::json
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], $7::text[], $8::text[],
+                $9::text[], $10::text[])
+         AS r(id, tenant, model, status, background, store, previous, request, context, snapshot)
+), new_items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
-    SELECT (SELECT id FROM response), i.ordinality - 1, i.item_id, i.item::jsonb
-    FROM unnest($11::text[], $12::text[]) WITH ORDINALITY AS i(item_id, item, ordinality)
+    SELECT response_id, position, item_id, item::jsonb
+    FROM unnest($11::text[], $12::int[], $13::text[], $14::text[]) AS i(response_id, position, item_id, item)
 )
 INSERT INTO response_events (response_id, seq, type, payload)
-SELECT (SELECT id FROM response), e.seq, e.type, e.payload
-FROM unnest($13::int[], $14::text[], $15::text[]) AS e(seq, type, payload)
+SELECT * FROM unnest($15::text[], $16::int[], $17::text[], $18::text[])
 """

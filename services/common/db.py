@@ -19,3 +19,9 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     return await asyncpg.create_pool(asyncpg_dsn(url), min_size=min_size, max_size=max_size, reset=_keep_session)
+
+
+def unnest_columns(rows: list[tuple], width: int) -> list[list]:
+    """Rows as the column arrays that ``unnest($1::t1[], $2::t2[], ...)`` takes: many rows
+    in one statement, one parameter per column."""
+    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(width)]

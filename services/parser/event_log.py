@@ -11,6 +11,7 @@ import orjson
 
 from schemas.bus import GenerationEnded, TokenBatch
 from schemas.events import LoggedEvent
+from services.common.db import unnest_columns
 
 UNSTORED_GRACE = "5 minutes"
 
@@ -86,9 +87,8 @@ class EventLog:
             for w in writes
             if w.final_snapshot is not None
         ]
-        columns = lambda rows, width: [list(c) for c in zip(*rows)] if rows else [[] for _ in range(width)]  # noqa: E731
         await self._pool.execute(
-            _COMMIT, *columns(events, 4), *columns(tokens, 6), started, *columns(finals, 5)
+            _COMMIT, *unnest_columns(events, 4), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5)
         )
 
 

@@ -19,17 +19,19 @@ from nats.aio.msg import Msg
 from openai_harmony import HarmonyEncoding
 from pydantic import ValidationError
 
-from schemas.bus import GenerationEnded, TokenBatch, token_stream_message
+from schemas.bus import GenerationEnded, ParserSeed, TokenBatch, token_stream_message
 from schemas.events import CommittedEvents
 from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
-from services.parser.continuous_pull import ContinuousPull
+from services.common.continuous_pull import ContinuousPull
 from services.parser.event_log import EventLog, ResponseWrite
-from services.parser.group_commit import GroupCommitter
+from services.common.group_commit import GroupCommitter
 from services.parser.leases import PartitionLeases
 from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)
+
+TokenMessage = TokenBatch | GenerationEnded
 
 FETCH_BATCH = 256
 MAX_DELIVER = 20
@@ -39,6 +41,8 @@ RETRY_DELAY_S = 0.5
 TOKENS_ACK_WAIT_S = 5.0
 # A batch that fails this many deliveries in a row fails its response.
 POISON_DELIVERIES = 4
+# States held in memory; a response silent long enough to fall out is rebuilt when it speaks.
+MAX_STATES = 20_000
 
 
 class ParserService:
@@ -110,19 +114,31 @@ class ParserService:
             with suppress(Exception):
                 await feed.stop()
 
-    async def _state_for(self, response_id: str) -> ResponseState | None:
+    async def _state_for(self, response_id: str, first: tuple[Msg, TokenMessage] | None = None) -> ResponseState | None:
+        """The response's state: the one held, else one built from the seed on its very
+        first batch, else one rebuilt from Postgres."""
         state = self._states.get(response_id)
         if state is not None:
+            self._states.move_to_end(response_id)
             return state
-        record = await self._log.load(response_id)
-        if record is None:
-            return None
-        state = ResponseState(
-            response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), self._encoding
-        )
-        for message in record.consumed:
-            state.apply(message)
+        seed = _fresh_seed(first) if first is not None else None
+        if seed is not None:
+            state = ResponseState(
+                response_id, seed.base_snapshot, ParseContext.model_validate(seed.parse_context), self._encoding
+            )
+        else:
+            record = await self._log.load(response_id)
+            if record is None:
+                return None
+            state = ResponseState(
+                response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), self._encoding
+            )
+            for message in record.consumed:
+                state.apply(message)
         self._states[response_id] = state
+        if len(self._states) > MAX_STATES:
+            # The least recently active; if it comes back it is rebuilt from Postgres.
+            self._states.popitem(last=False)
         return state
 
     async def _fail_poisoned(self, response_id: str, write: ResponseWrite, exc: Exception) -> None:
@@ -138,7 +154,7 @@ class ParserService:
         write.final_snapshot = state.final_snapshot
 
     async def process(self, messages: list[Msg]) -> None:
-        by_response: dict[str, list[tuple[Msg, TokenBatch | GenerationEnded]]] = {}
+        by_response: dict[str, list[tuple[Msg, TokenMessage]]] = {}
         for msg in messages:
             try:
                 decoded = token_stream_message.validate_json(msg.data)
@@ -153,7 +169,7 @@ class ParserService:
         to_retry: list[Msg] = []
         try:
             for response_id, items in by_response.items():
-                state = await self._state_for(response_id)
+                state = await self._state_for(response_id, items[0])
                 if state is None:
                     log.warning("tokens for unknown (deleted?) response %s dropped", response_id)
                     to_ack += [msg for msg, _ in items]
@@ -219,3 +235,15 @@ class ParserService:
         for msg in to_retry:
             with suppress(Exception):
                 await msg.nak(delay=RETRY_DELAY_S)
+
+
+def _fresh_seed(first: tuple[Msg, TokenMessage]) -> ParserSeed | None:
+    """The seed of a response's first batch, delivered for the first time: nothing of
+    the response can have been consumed before it (a partition's first deliveries come
+    in stream order), so the seed is the whole state. A redelivery may follow a commit;
+    that state comes from Postgres."""
+    msg, decoded = first
+    if (isinstance(decoded, TokenBatch) and decoded.parser_seed is not None and decoded.attempt == 0
+            and decoded.batch_no == 0 and msg.metadata.num_delivered == 1):
+        return decoded.parser_seed
+    return None

@@ -1,7 +1,7 @@
 """Pulls generation requests for one model and streams the engine's tokens onto the bus.
 
-Backpressure: the worker fetches a request only when one of its ``concurrency`` slots
-is free, so waiting work stays in JetStream, never in worker memory. While a request
+Backpressure: the worker asks JetStream for no more requests than it has free slots
+(of ``concurrency``), so waiting work stays in JetStream, never in worker memory. While a request
 runs the worker heartbeats it (in-progress acks); it acks only after the final
 GenerationEnded is stored in the TOKENS stream, so a worker that dies mid-generation
 has its request redelivered. The delivery count is the attempt number; a later
@@ -16,7 +16,6 @@ from contextlib import suppress
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
 from services.common.bus import (
@@ -29,6 +28,7 @@ from services.common.bus import (
     model_token,
     worker_registry,
 )
+from services.common.continuous_pull import ContinuousPull
 from services.common.kv_mirror import KvMirror
 from services.worker.engine import Engine, EngineError
 from services.worker.prior_output import PriorOutput, read_prior_output
@@ -59,11 +59,13 @@ class GenerationWorker:
         batch_max_tokens: int = 64,
         keepalive_s: float = 15.0,
     ) -> None:
+        self._nc = nc
         self._js = nc.jetstream()
         self._names = names
         self._model = model
         self._engine = engine
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._feed: ContinuousPull | None = None
         self._batch_interval_s = batch_interval_s
         self._batch_max_tokens = batch_max_tokens
         self._keepalive_s = keepalive_s
@@ -82,7 +84,9 @@ class GenerationWorker:
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=WORK_ACK_WAIT_S
             ),
         )
-        subscription = await self._js.pull_subscribe_bind(durable, stream=names.gen_stream)
+        self._feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=self._concurrency,
+                                    credits=self._concurrency)
+        await self._feed.start()
         # Every cancel order reaches every worker through this one watcher: a request not
         # started yet is ended at once when it comes, one generating here is aborted.
         self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
@@ -91,15 +95,18 @@ class GenerationWorker:
         registration = asyncio.create_task(self._register())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
-            await self._fetch_loop(subscription)
+            await self._take_work()
         finally:
             registration.cancel()
+            await self._feed.stop()
             await self._cancels.stop()
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``;
         what is still running then is handed back for another worker to continue."""
         self._stopping.set()
+        if self._feed is not None:
+            await self._feed.stop()  # what was delivered but not started goes back at once
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
         for task in list(self._tasks):
@@ -119,24 +126,20 @@ class GenerationWorker:
         if engine_request_id is not None:
             await self._engine.abort(engine_request_id)
 
-    async def _fetch_loop(self, subscription) -> None:
+    async def _take_work(self) -> None:
+        """Starts each request as it is delivered; the feed asks for no more than there
+        are free slots, so a burst arrives in one round trip and nothing waits here."""
         while not self._stopping.is_set():
-            await self._slots.acquire()
             try:
-                messages = await subscription.fetch(1, timeout=1.0)
-            except (NatsTimeoutError, asyncio.TimeoutError):
-                self._slots.release()
-                continue
+                messages = await self._feed.next_messages(self._concurrency)
             except Exception:
-                self._slots.release()
-                if self._stopping.is_set():
-                    break
-                log.exception("fetching work failed; retrying")
+                log.exception("receiving work failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
-            task = asyncio.create_task(self._run_one(messages[0]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for msg in messages:
+                task = asyncio.create_task(self._run_one(msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def _run_one(self, msg: Msg) -> None:
         try:
@@ -151,7 +154,7 @@ class GenerationWorker:
             with suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
-            self._slots.release()
+            self._feed.release()
 
     async def _heartbeat(self, msg: Msg, engine_request_id: str, response_id: str) -> None:
         """Keeps the request ours, and reads the cancel flag itself in case the watcher
@@ -202,6 +205,7 @@ class GenerationWorker:
                 resumed_after=len(prior.token_ids) if attempt > 0 and batch_no == 0 else None,
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
+                parser_seed=request.parser_seed if attempt == 0 and batch_no == 0 else None,
             )
             await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
             batch_no += 1

@@ -1,4 +1,4 @@
-"""The parser's standing pull request, against a real JetStream consumer."""
+"""Standing pull requests (the parser's partitions, a worker's slots), against a real JetStream consumer."""
 
 import asyncio
 import secrets
@@ -9,7 +9,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 from services.common.bus import durable_pull_config
-from services.parser.continuous_pull import ContinuousPull
+from services.common.continuous_pull import ContinuousPull
 
 pytestmark = pytest.mark.integration
 
@@ -77,5 +77,56 @@ async def test_after_stop_the_next_reader_gets_what_the_first_left(consumer):
     try:
         await js.publish(subject, b"for the next holder")
         assert await receive(second, 1) == [b"for the next holder"]
+    finally:
+        await second.stop()
+
+
+async def test_with_credits_no_more_is_delivered_than_was_released(consumer):
+    nc, js, stream, subject = consumer
+    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3, credits=2)
+    await feed.start()
+    try:
+        for i in range(5):
+            await js.publish(subject, str(i).encode())
+        first = await receive(feed, 2)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(feed.next_messages(8), 0.8)  # two requests expire meanwhile
+        feed.release()
+        assert first + await receive(feed, 1) == [b"0", b"1", b"2"]
+        info = await js.consumer_info(stream, "reader")
+        assert info.num_pending == 2  # the rest waits in the stream, not here
+    finally:
+        await feed.stop()
+
+
+async def test_a_request_hands_over_each_message_without_waiting_for_its_batch(consumer):
+    nc, js, stream, subject = consumer
+    feed = ContinuousPull(nc, stream, "reader", batch=32, expires_s=5.0, credits=32)
+    await feed.start()
+    try:
+        waiting = asyncio.create_task(receive(feed, 1))
+        await asyncio.sleep(0.2)
+        published = time.monotonic()
+        await js.publish(subject, b"one of many it asked for")
+        assert await waiting == [b"one of many it asked for"]
+        assert time.monotonic() - published < 0.5
+    finally:
+        await feed.stop()
+
+
+async def test_stop_hands_back_what_arrived_but_was_not_taken(consumer):
+    nc, js, stream, subject = consumer
+    first = ContinuousPull(nc, stream, "reader", batch=8, expires_s=5.0, credits=8)
+    await first.start()
+    await js.publish(subject, b"delivered, never taken")
+    await asyncio.sleep(0.3)  # it reaches the first reader's inbox
+    await first.stop()
+    second = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
+    await second.start()
+    try:
+        started = time.monotonic()
+        # Not after the 5 s ack wait: the first reader handed it back.
+        assert await receive(second, 1, timeout_s=3.0) == [b"delivered, never taken"]
+        assert time.monotonic() - started < 3.0
     finally:
         await second.stop()

@@ -56,7 +56,8 @@ async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db):
 
 
 async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(stack, db, settings):
-    """Publishes a response's stored batches again, as a redelivery would."""
+    """Publishes a response's stored batches again, as a redelivery would; the first one
+    carries the parser seed as the worker sends it, after the response has finished."""
     import nats
 
     from services.common.bus import Names
@@ -66,6 +67,9 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
     batches = await db.fetch(
         "SELECT attempt, batch_no, token_ids, ended::text AS ended FROM response_tokens WHERE response_id = $1"
         " ORDER BY attempt, batch_no", response_id)
+    context = await db.fetchrow("SELECT base_snapshot::text, parse_context::text FROM responses WHERE id = $1",
+                                response_id)
+    seed = {"base_snapshot": orjson.loads(context[0]), "parse_context": orjson.loads(context[1])}
     names = Names(settings.namespace, settings.token_partitions)
     nc = await nats.connect(settings.nats_url)
     try:
@@ -75,7 +79,8 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
                 body = row["ended"].encode()
             else:
                 body = orjson.dumps({"kind": "tokens", "response_id": response_id, "attempt": row["attempt"],
-                                     "batch_no": row["batch_no"], "token_ids": list(row["token_ids"])})
+                                     "batch_no": row["batch_no"], "token_ids": list(row["token_ids"]),
+                                     "parser_seed": seed if row["batch_no"] == 0 else None})
             # No Nats-Msg-Id: JetStream stores it again, the parser sees it twice.
             await js.publish(names.tokens_subject(response_id), body)
         partition = int(names.tokens_subject(response_id).split(".")[2])

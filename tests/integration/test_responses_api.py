@@ -1,5 +1,7 @@
 """The foundation's user-facing promises, through the real processes with the SDK."""
 
+import asyncio
+
 import httpx
 import openai
 import orjson
@@ -67,6 +69,23 @@ async def test_event_log_equals_what_the_stream_delivered(stack, db):
     validate_events([payload for _, _, payload in wire])
     tokens = await db.fetchval("SELECT count(*) FROM response_tokens WHERE response_id = $1", response_id)
     assert tokens >= 2  # at least one token batch and the end of the attempt
+
+
+async def test_responses_created_at_the_same_moment_are_each_stored_whole(stack):
+    """Creates arriving together share one insert; each still gets its own row, its input
+    items in order and its own stream."""
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+    inputs = [[{"role": "user", "content": f"first {i}"}, {"role": "user", "content": f"second {i}"}]
+              for i in range(24)]
+    created = await asyncio.gather(*(client.responses.create(model=MODEL, input=given, background=True)
+                                      for given in inputs))
+    assert len({response.id for response in created}) == len(inputs)
+    for given, response in zip(inputs, created):
+        items = await client.responses.input_items.list(response.id, order="asc")
+        assert [item.content[0].text for item in items.data] == [message["content"] for message in given]
+        async with client.responses.stream(response_id=response.id) as stream:
+            final = await stream.get_final_response()
+        assert final.output_text == f"Steno simulator reply: {given[-1]['content']}"
 
 
 def test_background_response_is_queued_then_completes(client):
