@@ -79,31 +79,79 @@ def test_any_batch_split_yields_the_same_text(reasoning, answer, cuts):
 
 
 SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+HEADER_WORDS = [" to=functions.get_weather", " to=browser.search", " <|constrain|>json", "commentary", "assistant",
+                "user", " to=", "functions.x", " json", "final"]
 
 
-@settings(max_examples=150, deadline=None)
+class HarmonyReference:
+    """The fragments as openai-harmony's StreamableParser reports them, token by token."""
+
+    def __init__(self, enc):
+        from openai_harmony import Role, StreamableParser
+
+        self.parser = StreamableParser(enc, Role.ASSISTANT)
+        self.in_content = False
+        self.channel = None
+        self.reasoning_tokens = 0
+        self.broken = False
+
+    def feed(self, tokens):
+        from openai_harmony import HarmonyError, StreamState
+
+        fragments = []
+        for index, token in enumerate(tokens):
+            if self.broken:
+                break
+            try:
+                self.parser.process(token)
+            except HarmonyError as exc:
+                self.broken = True
+                fragments.append(MalformedOutput(str(exc)))
+                break
+            in_content = self.parser.state == StreamState.CONTENT
+            if in_content and not self.in_content:
+                self.channel = self.parser.current_channel
+                fragments.append(MessageStarted(self.channel, self.parser.current_recipient,
+                                                self.parser.current_content_type))
+            if in_content:
+                self.reasoning_tokens += self.channel == "analysis"
+                if self.parser.last_content_delta:
+                    fragments.append(TextDelta(self.parser.last_content_delta, index))
+            elif self.in_content:
+                self.reasoning_tokens += self.channel == "analysis"
+                fragments.append(MessageEnded())
+                self.channel = None
+            self.in_content = in_content
+        return fragments
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     texts=st.lists(st.text(max_size=12), min_size=1, max_size=4),
     channels=st.lists(st.sampled_from(["analysis", "commentary", "final"]), min_size=4, max_size=4),
-    noise=st.lists(st.tuples(st.integers(min_value=0, max_value=120), st.sampled_from(SPECIALS)), max_size=3),
+    noise=st.lists(st.tuples(st.integers(min_value=0, max_value=120),
+                             st.sampled_from(SPECIALS + HEADER_WORDS) | st.text(min_size=1, max_size=3)), max_size=4),
+    raw=st.lists(st.tuples(st.integers(min_value=0, max_value=120), st.integers(min_value=0, max_value=200_000)),
+                 max_size=2),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
 )
-def test_message_boundaries_follow_harmony_own_state(texts, channels, noise):
-    """Where a message's content starts and ends is tracked from the tokens; it must agree
-    with Harmony's parser on every token, in well-formed output and in output with stray
-    formatting tokens."""
-    from openai_harmony import HarmonyError, Role, StreamableParser, StreamState
-
+def test_fragments_are_what_harmony_own_parser_reads(texts, channels, noise, raw, cuts):
+    """Framing is followed here and headers are read by Harmony: on any stream, well-formed
+    or mangled (stray formatting tokens, header words, arbitrary tokens, characters split
+    across tokens), and however it is cut into batches, the fragments must be exactly
+    those Harmony's parser reports token by token."""
     enc = encoding()
     tokens = completion([assistant(channel, text) for channel, text in zip(channels, texts)])
-    for position, special in sorted(noise, reverse=True):
-        tokens[position:position] = enc.encode(special, allowed_special="all")
-    reference = StreamableParser(enc, Role.ASSISTANT)
-    splitter = HarmonyStreamSplitter(enc)
-    for token in tokens:
-        fragments = splitter.feed([token])
-        try:
-            reference.process(token)
-        except HarmonyError:
-            assert any(isinstance(f, MalformedOutput) for f in fragments)
-            return
-        assert splitter.in_message == (reference.state == StreamState.CONTENT)
+    for position, piece in sorted(noise, reverse=True):
+        tokens[position:position] = enc.encode(piece, allowed_special="all")
+    for position, token in raw:
+        tokens.insert(min(position, len(tokens)), token)
+    reference = HarmonyReference(enc)
+    expected = reference.feed(tokens)
+    splitter, fragments = split_all(tokens, [c for c in cuts if c < len(tokens)])
+    whole_splitter, whole = split_all(tokens, [])
+    assert whole == expected
+    assert whole_splitter.reasoning_tokens == reference.reasoning_tokens
+    assert whole_splitter.in_message == reference.in_content
+    assert messages_of(fragments) == messages_of(expected)
+    assert splitter.reasoning_tokens == reference.reasoning_tokens
