@@ -2,7 +2,7 @@
 
 For each engine (the simulator; vLLM on the tiny random model when vLLM is importable)
 it runs the real GenerationWorker loop in this process against NATS, publishes a burst
-of GenerationRequests, and reads every TokenBatch / GenerationEnded back from the
+of GenerationRequests, and reads every TokenBatch (the last carrying the end) back from the
 TOKENS stream. It reports:
 
 - tokens/s through the worker onto the bus (first request published -> last end read);
@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from schemas.api import CreateResponseRequest  # noqa: E402
-from schemas.bus import GenerationEnded, GenerationRequest, SamplingParams, TokenBatch, token_stream_message  # noqa: E402
+from schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message  # noqa: E402
 from services.api.render import render_prompt  # noqa: E402
 from services.common import bus  # noqa: E402
 from services.common.harmony_vocab import harmony_encoding  # noqa: E402
@@ -158,10 +158,11 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
         if isinstance(message, TokenBatch):
             result.tokens += len(message.token_ids)
             result.batches += 1
-        elif isinstance(message, GenerationEnded):
-            ended.add(message.response_id)
-            if message.finish_reason == "error":
-                result.note = f"error: {message.error_message}"
+        end = end_of(message)
+        if end is not None:
+            ended.add(end.response_id)
+            if end.finish_reason == "error":
+                result.note = f"error: {end.error_message}"
             if len(ended) == len(requests):
                 done.set()
 

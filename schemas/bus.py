@@ -49,6 +49,24 @@ class GenerationRequest(BaseModel):
     parser_seed: ParserSeed | None = None
 
 
+class GenerationEnded(BaseModel):
+    """Why an attempt stopped and what it cost: carried by its last TokenBatch (or, from
+    earlier workers and for failures the parser records, a message of its own)."""
+
+    kind: Literal["ended"] = "ended"
+    v: Literal[1] = 1
+    response_id: str
+    attempt: int
+    batch_count: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    # All output tokens of the response, earlier attempts included.
+    output_tokens: int
+    cached_tokens: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
 class TokenBatch(BaseModel):
     """A run of output tokens, coalesced by the worker. ``batch_no`` counts from 0 per attempt."""
 
@@ -66,27 +84,18 @@ class TokenBatch(BaseModel):
     top_logprobs: list[list[tuple[int, float]]] | None = None
     # On the first batch of the first attempt: the request's seed for the parser.
     parser_seed: ParserSeed | None = None
-
-
-class GenerationEnded(BaseModel):
-    """The last message of an attempt: why it stopped and what it cost."""
-
-    kind: Literal["ended"] = "ended"
-    v: Literal[1] = 1
-    response_id: str
-    attempt: int
-    batch_count: int
-    finish_reason: FinishReason
-    prompt_tokens: int
-    # All output tokens of the response, earlier attempts included.
-    output_tokens: int
-    cached_tokens: int | None = None
-    error_code: str | None = None
-    error_message: str | None = None
+    # On the last batch of an attempt: the attempt's end (batch_count = batch_no + 1),
+    # one message instead of two.
+    ended: GenerationEnded | None = None
 
 
 TokenStreamMessage = Annotated[Union[TokenBatch, GenerationEnded], Field(discriminator="kind")]
 token_stream_message = TypeAdapter(TokenStreamMessage)
+
+
+def end_of(message: TokenBatch | GenerationEnded) -> GenerationEnded | None:
+    """The attempt's end that a token stream message carries, if it carries one."""
+    return message if isinstance(message, GenerationEnded) else message.ended
 
 
 class CancelOrder(BaseModel):

@@ -2,7 +2,7 @@
 
 Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                 GenerationRequest, work-queue stream ``NS_GEN``
-  ``ns.tokens.<p>.<response_id>``    TokenBatch / GenerationEnded, stream ``NS_TOKENS``
+  ``ns.tokens.<p>.<response_id>``    TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
   ``ns.events.<response_id>``        CommittedEvents, core NATS
 """
 

@@ -40,19 +40,23 @@ class ResponseWrite:
 
 
 def _token_row(response_id: str, message: TokenBatch | GenerationEnded) -> tuple:
+    """A consumed message as a ``response_tokens`` row: a batch, a batch with its
+    attempt's end (``ended`` set, at ``batch_no``), or an end alone (at ``batch_count``)."""
     if isinstance(message, TokenBatch):
         logprobs = None
         if message.logprobs is not None:
             logprobs = orjson.dumps({"logprobs": message.logprobs, "top_logprobs": message.top_logprobs}).decode()
         ids = "{" + ",".join(map(str, message.token_ids)) + "}"
-        return (response_id, message.attempt, message.batch_no, ids, logprobs, None)
+        ended = message.ended.model_dump_json() if message.ended is not None else None
+        return (response_id, message.attempt, message.batch_no, ids, logprobs, ended)
     return (response_id, message.attempt, message.batch_count, "{}", None, message.model_dump_json())
 
 
 def _stored_message(response_id: str, row: list) -> TokenBatch | GenerationEnded:
     attempt, batch_no, token_ids, logprobs, ended = row
-    if ended is not None:
-        return GenerationEnded.model_validate(ended)
+    end = GenerationEnded.model_validate(ended) if ended is not None else None
+    if end is not None and end.batch_count == batch_no:
+        return end
     logprobs = logprobs or {}
     return TokenBatch(
         response_id=response_id,
@@ -61,6 +65,7 @@ def _stored_message(response_id: str, row: list) -> TokenBatch | GenerationEnded
         token_ids=token_ids,
         logprobs=logprobs.get("logprobs"),
         top_logprobs=logprobs.get("top_logprobs"),
+        ended=end,
     )
 
 

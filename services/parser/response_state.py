@@ -90,8 +90,17 @@ class ResponseState:
         )
 
     def apply(self, message: TokenBatch | GenerationEnded) -> Applied | None:
-        """Applies a message from the token stream; None for a duplicate."""
-        return self.apply_batch(message) if isinstance(message, TokenBatch) else self.apply_end(message)
+        """Applies a message from the token stream (a last batch: the batch, then its
+        end); None for a duplicate."""
+        if isinstance(message, GenerationEnded):
+            return self.apply_end(message)
+        applied = self.apply_batch(message)
+        if message.ended is None or self.finished:
+            return applied
+        ended = self.apply_end(message.ended)
+        if applied is None or ended is None:
+            return applied or ended
+        return Applied(applied.events + ended.events, finished=ended.finished)
 
     def apply_batch(self, batch: TokenBatch) -> Applied | None:
         if self.is_duplicate(batch.attempt, batch.batch_no):

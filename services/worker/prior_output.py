@@ -48,6 +48,7 @@ def assemble(messages: list[TokenBatch | GenerationEnded]) -> PriorOutput:
         else:
             prior.token_ids += message.token_ids
             next_batch += 1
+            prior.ended = message.ended is not None
     return prior
 
 

@@ -43,9 +43,10 @@ async def coalesce(
     max_tokens: int,
     keepalive_s: float | None = None,
     eager_tokens: int = EAGER_TOKENS,
-) -> EngineOutput | None:
-    """Drains ``outputs`` into ``flush`` calls; returns the output that carried the finish
-    reason (None when the engine stopped without one). Until ``eager_tokens`` tokens are
+) -> tuple[EngineOutput | None, PendingBatch]:
+    """Drains ``outputs`` into ``flush`` calls, all but the last batch: returns the output
+    that carried the finish reason (None when the engine stopped without one) and the
+    last batch, which goes out with the attempt's end. Until ``eager_tokens`` tokens are
     out every output goes at once (time to first content is what users feel); after
     that a batch goes ``interval_s`` after the previous one, or at once when the stream
     was quieter than that, so a stream costs at most one message per interval. After
@@ -100,9 +101,12 @@ async def coalesce(
                 await flush(pending)
                 pending, deadline = PendingBatch(), None
                 last_flush = time.monotonic()
-        if pending.token_ids:
-            await flush(pending)
-        await producer  # re-raises what the engine raised
-        return last
+        try:
+            await producer  # re-raises what the engine raised
+        except BaseException:
+            if pending.token_ids:
+                await flush(pending)
+            raise
+        return last, pending
     finally:
         producer.cancel()

@@ -2,9 +2,9 @@
 
 Backpressure: the worker asks JetStream for no more requests than it has free slots
 (of ``concurrency``), so waiting work stays in JetStream, never in worker memory. While a request
-runs the worker heartbeats it (in-progress acks); it acks only after the final
-GenerationEnded is stored in the TOKENS stream, so a worker that dies mid-generation
-has its request redelivered. The delivery count is the attempt number; a later
+runs the worker heartbeats it (in-progress acks); it acks only after the last batch,
+which carries the attempt's end, is stored in the TOKENS stream, so a worker that dies
+mid-generation has its request redelivered. The delivery count is the attempt number; a later
 attempt reads what earlier ones published and continues from there."""
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class GenerationWorker:
         batch_no = 0
         output_tokens = len(prior.token_ids)
 
-        async def publish_batch(pending: PendingBatch) -> None:
+        async def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> None:
             nonlocal batch_no, output_tokens
             batch = TokenBatch(
                 response_id=rid,
@@ -206,13 +206,14 @@ class GenerationWorker:
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
                 parser_seed=request.parser_seed if attempt == 0 and batch_no == 0 else None,
+                ended=ended,
             )
             await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
             batch_no += 1
             output_tokens += len(pending.token_ids)
 
         started = time.monotonic()
-        last, error = None, None
+        last, error, tail = None, None, PendingBatch()
         sampling = request.sampling
         if sampling.max_tokens is not None:
             sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(prior.token_ids)})
@@ -226,7 +227,7 @@ class GenerationWorker:
             heartbeat = asyncio.create_task(self._heartbeat(msg, engine_request_id, rid))
             try:
                 outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
-                last = await coalesce(
+                last, tail = await coalesce(
                     outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens, self._keepalive_s
                 )
             except EngineError as exc:
@@ -235,18 +236,19 @@ class GenerationWorker:
                 heartbeat.cancel()
                 self._running.pop(rid, None)
             finish = "error" if error is not None else (last.finish_reason if last else "stop")
+        # The last batch carries the attempt's end: one message, one commit, one ack less.
         ended = GenerationEnded(
             response_id=rid,
             attempt=attempt,
-            batch_count=batch_no,
+            batch_count=batch_no + 1,
             finish_reason=finish,
             prompt_tokens=len(request.prompt_token_ids),
-            output_tokens=output_tokens,
+            output_tokens=output_tokens + len(tail.token_ids),
             cached_tokens=last.cached_tokens if last else None,
             error_code="server_error" if error is not None else None,
             error_message=str(error) if error is not None else None,
         )
-        await self._publish(subject, ended.model_dump_json().encode(), f"{rid}:{attempt}:end")
+        await publish_batch(tail, ended)
         # Unconfirmed: were the ack lost, the redelivered request finds its end published.
         await msg.ack()
         log.info("%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish, output_tokens - len(prior.token_ids),

@@ -1,5 +1,5 @@
 """``steno worker --engine vllm`` as a process on real NATS: GenerationRequests in,
-TokenBatch messages and a GenerationEnded out, through the real GenerationWorker loop.
+TokenBatch messages out (the last carrying the end), through the real GenerationWorker loop.
 
 The worker serves the tiny model without a tokenizer (skip_tokenizer_init), so this also
 covers that mode. The last test kills vLLM's engine core under a running request."""
@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 psutil = pytest.importorskip("psutil")
 
 from schemas.api import CreateResponseRequest  # noqa: E402
-from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, token_stream_message  # noqa: E402
+from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, end_of, token_stream_message  # noqa: E402
 from services.api.response_plan import plan_response  # noqa: E402
 from services.common import bus  # noqa: E402
 from services.common.harmony_vocab import harmony_encoding  # noqa: E402
@@ -145,7 +145,7 @@ async def publish(js, names: bus.Names, request: GenerationRequest) -> None:
 
 
 async def token_stream(js, names: bus.Names, response_id: str, timeout_s: float = 120.0, on_batch=None):
-    """Every message of one response's token stream, up to its GenerationEnded."""
+    """Every message of one response's token stream, up to the one carrying its end."""
     subject = f"{names.namespace}.tokens.*.{response_id}"
     subscription = await js.subscribe(subject, stream=names.tokens_stream, ordered_consumer=True)
     messages: list[TokenBatch | GenerationEnded] = []
@@ -153,21 +153,21 @@ async def token_stream(js, names: bus.Names, response_id: str, timeout_s: float 
     try:
         while True:
             remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no GenerationEnded for {response_id}; got {messages}"
+            assert remaining > 0, f"no end for {response_id}; got {messages}"
             msg = await subscription.next_msg(timeout=remaining)
             message = token_stream_message.validate_json(msg.data)
             messages.append(message)
             if isinstance(message, TokenBatch) and on_batch is not None:
                 await on_batch(message)
-            if isinstance(message, GenerationEnded):
+            if end_of(message) is not None:
                 return messages
     finally:
         await subscription.unsubscribe()
 
 
 def check_stream(messages, request: GenerationRequest):
-    *batches, ended = messages
-    assert all(isinstance(b, TokenBatch) for b in batches)
+    batches, ended = messages, end_of(messages[-1])
+    assert all(isinstance(b, TokenBatch) for b in batches)  # the last carries the end
     assert isinstance(ended, GenerationEnded)
     assert [b.batch_no for b in batches] == list(range(len(batches)))
     assert {b.attempt for b in batches} <= {ended.attempt}

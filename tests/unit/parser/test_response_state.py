@@ -131,3 +131,16 @@ def test_empty_batches_are_numbered_keepalives():
     assert [e.type for e in parsed][:2] == ["response.in_progress", "response.in_progress"]
     assert parsed[-1].type == "response.in_progress"
     assert [e.sequence_number for e in parsed] == list(range(1, len(parsed) + 1))
+
+
+def test_a_last_batch_carrying_its_end_is_the_batch_then_the_end():
+    tokens = completion([assistant("analysis", "Weigh it."), assistant("final", "Done, déjà.")])
+    _, separate = run(tokens, [4, 4, 100])
+    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    sent = batches(tokens, [4, 4, 100])
+    ended = GenerationEnded(response_id=RID, attempt=0, batch_count=len(sent), finish_reason="stop",
+                            prompt_tokens=10, output_tokens=len(tokens))
+    sent[-1] = sent[-1].model_copy(update={"ended": ended})
+    carried = [event for batch in sent for event in state.apply(batch).events]
+    assert [e.payload for e in carried] == [e.payload for e in separate]
+    assert state.finished and state.apply(sent[-1]) is None  # redelivered: a duplicate

@@ -36,3 +36,9 @@ def test_an_end_means_there_is_nothing_to_continue():
 
 def test_a_diverged_takeover_ends_it():
     assert assemble([batch(0, 0, [1, 2]), batch(1, 0, [5], resumed_after=1)]).ended
+
+
+def test_a_last_batch_carrying_its_end_ends_it_with_its_tokens():
+    last = batch(0, 1, [2]).model_copy(update={"ended": ended(0, 2, 2)})
+    prior = assemble([batch(0, 0, [1]), last])
+    assert prior.token_ids == [1, 2] and prior.ended

@@ -24,7 +24,9 @@ def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False, eager_tokens=1):
     async def go():
         return await coalesce(source(outputs, gap_s, fail), flush, interval_s, max_tokens, eager_tokens=eager_tokens)
 
-    return asyncio.run(go()), flushed
+    last, tail = asyncio.run(go())
+    # The last batch is returned to go out with the end; here it goes out after the others.
+    return last, flushed + ([list(tail.token_ids)] if tail.token_ids else [])
 
 
 def test_the_first_tokens_go_out_as_they_come_then_are_coalesced():
@@ -42,7 +44,8 @@ def test_outputs_that_queued_up_during_a_flush_share_the_next_batch():
 
     async def go():
         outputs = [EngineOutput([i]) for i in range(5)] + [EngineOutput([5], finish_reason="stop")]
-        await coalesce(source(outputs, gap_s=0.01), slow_flush, 10, 100, eager_tokens=100)
+        _, tail = await coalesce(source(outputs, gap_s=0.01), slow_flush, 10, 100, eager_tokens=100)
+        flushed.append(list(tail.token_ids))
 
     asyncio.run(go())
     assert flushed[0] == [0] and len(flushed) < 6
@@ -84,7 +87,8 @@ def test_logprobs_follow_their_tokens():
 
     async def go():
         outputs = [EngineOutput([1], logprobs=[-1.0]), EngineOutput([2], logprobs=[-2.0], finish_reason="stop")]
-        return await coalesce(source(outputs), flush, 10, 100)
+        _, tail = await coalesce(source(outputs), flush, 10, 100)
+        await flush(tail)
 
     asyncio.run(go())
     assert all(len(tokens) == len(logprobs) for tokens, logprobs in flushed)
@@ -105,6 +109,21 @@ def test_silence_longer_than_the_keepalive_flushes_empty_batches():
 
         return await coalesce(slow(), flush, 0.01, 100, keepalive_s=0.1)
 
-    asyncio.run(go())
+    last, tail = asyncio.run(go())
     assert flushed[:2] == [[], []]
-    assert flushed[-1] == [7]
+    assert tail.token_ids == [7] and last.finish_reason == "stop"  # it goes out with the end
+
+
+def test_the_last_batch_is_returned_to_go_out_with_the_end():
+    flushed = []
+
+    async def flush(batch):
+        flushed.append(list(batch.token_ids))
+
+    async def go():
+        outputs = [EngineOutput([1]), EngineOutput([2]), EngineOutput([3], finish_reason="length")]
+        return await coalesce(source(outputs, gap_s=0.005), flush, 10, 100, eager_tokens=1)
+
+    last, tail = asyncio.run(go())
+    assert flushed == [[1]]
+    assert tail.token_ids == [2, 3] and last.finish_reason == "length"
