@@ -29,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import asyncpg
 import httpx
@@ -123,9 +123,17 @@ async def one_stream(client: SseClient, text: str) -> dict[str, Any]:
             "total_s": done - started, "events": len(frames), "tokens": tokens}
 
 
+@asynccontextmanager
+async def sse_clients(urls: list[str], streams: int) -> AsyncIterator[list[SseClient]]:
+    """One load-generator client per URL (API replica); stream ``i`` goes to ``i mod n``."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(SseClient(url, connections=streams)) for url in urls]
+
+
 class Bench:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, api_replicas: int = 1) -> None:
         self.work = work
+        self.api_replicas = api_replicas
         self.infra = resolve(work / "infra")
         run_id = secrets.token_hex(3)
         self.database_url = self.infra.database_url.rsplit("/", 1)[0] + f"/steno_bench_{run_id}"
@@ -145,7 +153,8 @@ class Bench:
         self.stack.add("worker", "worker", "--sim-tokens-per-s", "0", "--concurrency", "256")
         self.stack.add("worker-idle", "worker", "--model", IDLE_MODEL, "--sim-first-token-delay-ms", "3600000")
         self.stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "20")
-        self.stack.add_api()
+        for _ in range(self.api_replicas):
+            self.stack.add_api()
         with open(self.work / "baseline.log", "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port", str(self.baseline_port)],
                                        stdout=log, stderr=subprocess.STDOUT)
@@ -156,6 +165,11 @@ class Bench:
     @property
     def steno_url(self) -> str:
         return self.stack.base_url + "/responses"
+
+    @property
+    def steno_urls(self) -> list[str]:
+        """Every API replica's ``/responses``; streams are spread over them."""
+        return [self.stack.url_of(replica) + "/responses" for replica in range(self.api_replicas)]
 
     @property
     def baseline_url(self) -> str:
@@ -195,15 +209,16 @@ class Bench:
         for level in levels:
             rounds = max(3, samples_wanted // level)
             row: dict[str, Any] = {}
-            for name, url in (("steno", self.steno_url), ("baseline", self.baseline_url)):
+            for name, urls in (("steno", self.steno_urls), ("baseline", [self.baseline_url])):
                 samples = []
-                async with SseClient(url, connections=level) as client:
+                async with sse_clients(urls, level) as clients:
                     # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
                     # server that has been serving; the first burst after a start measures start-up.
-                    await asyncio.gather(*(one_stream(client, "warm up") for _ in range(level)))
+                    await asyncio.gather(*(one_stream(clients[i % len(clients)], "warm up") for i in range(level)))
                     before = self.cpu_by_process()
                     for _ in range(rounds):
-                        samples += await asyncio.gather(*(one_stream(client, f"ttfe {i}") for i in range(level)))
+                        samples += await asyncio.gather(*(one_stream(clients[i % len(clients)], f"ttfe {i}")
+                                                          for i in range(level)))
                     after = self.cpu_by_process()
                     cpu_ms_per_request = {process: round((after[process] - used) * 1000 / len(samples), 2)
                                           for process, used in before.items() if after[process] - used > 0}
@@ -227,13 +242,13 @@ class Bench:
                   flush=True)
         return out
 
-    async def _closed_loop(self, url: str, level: int, seconds: float) -> dict[str, Any]:
+    async def _closed_loop(self, urls: list[str], level: int, seconds: float) -> dict[str, Any]:
         deadline = time.perf_counter() + seconds
         samples: list[dict[str, Any]] = []
-        async with SseClient(url, connections=level) as client:
+        async with sse_clients(urls, level) as clients:
             async def loop(i: int) -> None:
                 while time.perf_counter() < deadline:
-                    samples.append(await one_stream(client, f"{i} {LONG_INPUT}"))
+                    samples.append(await one_stream(clients[i % len(clients)], f"{i} {LONG_INPUT}"))
 
             started = time.perf_counter()
             await asyncio.gather(*(loop(i) for i in range(level)))
@@ -275,14 +290,14 @@ class Bench:
             stop_sampling = asyncio.Event()
             backlogs = asyncio.create_task(self._stage_backlogs(stop_sampling))
             started = time.perf_counter()
-            steno = await self._closed_loop(self.steno_url, level, seconds)
+            steno = await self._closed_loop(self.steno_urls, level, seconds)
             wall = time.perf_counter() - started
             stop_sampling.set()
             after = self.cpu_by_process()
             steno["cpu_cores"] = {name: round((after[name] - used) / wall, 2) for name, used in before.items()
                                   if name != "baseline" and after[name] - used > 0}
             steno["stage_backlog"] = await backlogs
-            baseline = await self._closed_loop(self.baseline_url, level, seconds)
+            baseline = await self._closed_loop([self.baseline_url], level, seconds)
             out[str(level)] = {"steno": steno, "baseline": baseline,
                                "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
             print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
@@ -498,9 +513,10 @@ def chart(results: dict[str, Any], path: Path) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     scenarios = SCENARIOS if args.scenarios == "all" else args.scenarios.split(",")
-    results: dict[str, Any] = {"scenarios": scenarios, "machine": {"cpus": os.cpu_count()}}
+    results: dict[str, Any] = {"scenarios": scenarios, "machine": {"cpus": os.cpu_count()},
+                               "api_replicas": args.api_replicas}
     with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
-        bench = Bench(Path(tmp))
+        bench = Bench(Path(tmp), args.api_replicas)
         try:
             await bench.start()
             if "ttfe" in scenarios:
@@ -529,6 +545,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--api-replicas", type=int, default=1,
+                        help="API processes; the ttfe and throughput streams are spread over them")
     parser.add_argument("--ttfe-levels", default="1,16,128")
     parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
     parser.add_argument("--throughput-levels", default="8,32,128")

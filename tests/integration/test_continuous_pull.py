@@ -3,6 +3,7 @@
 import asyncio
 import secrets
 import time
+from contextlib import asynccontextmanager
 
 import nats
 import pytest
@@ -28,6 +29,16 @@ async def consumer(settings):
     await nc.close()
 
 
+@asynccontextmanager
+async def reading(nc, stream, **options):
+    feed = ContinuousPull(nc, stream, "reader", **options)
+    await feed.start()
+    try:
+        yield feed
+    finally:
+        await feed.stop()
+
+
 async def receive(feed: ContinuousPull, count: int, timeout_s: float = 5.0) -> list[bytes]:
     got: list[bytes] = []
     deadline = time.monotonic() + timeout_s
@@ -41,51 +52,38 @@ async def receive(feed: ContinuousPull, count: int, timeout_s: float = 5.0) -> l
 
 async def test_messages_arrive_in_order_beyond_one_request_batch(consumer):
     nc, js, stream, subject = consumer
-    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=1.0)
-    await feed.start()
-    try:
+    async with reading(nc, stream, batch=8, expires_s=1.0) as feed:
         for i in range(30):
             await js.publish(subject, str(i).encode())
         assert await receive(feed, 30) == [str(i).encode() for i in range(30)]
-    finally:
-        await feed.stop()
 
 
 async def test_a_message_after_the_request_expired_still_arrives_at_once(consumer):
     nc, js, stream, subject = consumer
-    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
-    await feed.start()
-    try:
+    async with reading(nc, stream, batch=8, expires_s=0.3) as feed:
         waiting = asyncio.create_task(receive(feed, 1))
         await asyncio.sleep(1.0)  # the first request has expired and been renewed
         published = time.monotonic()
         await js.publish(subject, b"late")
         assert await waiting == [b"late"]
         assert time.monotonic() - published < 0.5
-    finally:
-        await feed.stop()
 
 
 async def test_after_stop_the_next_reader_gets_what_the_first_left(consumer):
     nc, js, stream, subject = consumer
-    first = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
-    await first.start()
-    await first.stop()
-    await asyncio.sleep(0.5)  # the abandoned request expires on the server
-    second = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
-    await second.start()
-    try:
+    async with reading(nc, stream, batch=8, expires_s=30.0):
+        pass
+    # The first reader's request is still open on the server, but nobody listens on it.
+    async with reading(nc, stream, batch=8, expires_s=30.0) as second:
+        published = time.monotonic()
         await js.publish(subject, b"for the next holder")
         assert await receive(second, 1) == [b"for the next holder"]
-    finally:
-        await second.stop()
+        assert time.monotonic() - published < 0.5
 
 
 async def test_with_credits_no_more_is_delivered_than_was_released(consumer):
     nc, js, stream, subject = consumer
-    feed = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3, credits=2)
-    await feed.start()
-    try:
+    async with reading(nc, stream, batch=8, expires_s=0.3, credits=2) as feed:
         for i in range(5):
             await js.publish(subject, str(i).encode())
         first = await receive(feed, 2)
@@ -95,38 +93,26 @@ async def test_with_credits_no_more_is_delivered_than_was_released(consumer):
         assert first + await receive(feed, 1) == [b"0", b"1", b"2"]
         info = await js.consumer_info(stream, "reader")
         assert info.num_pending == 2  # the rest waits in the stream, not here
-    finally:
-        await feed.stop()
 
 
 async def test_a_request_hands_over_each_message_without_waiting_for_its_batch(consumer):
     nc, js, stream, subject = consumer
-    feed = ContinuousPull(nc, stream, "reader", batch=32, expires_s=5.0, credits=32)
-    await feed.start()
-    try:
+    async with reading(nc, stream, batch=32, expires_s=5.0, credits=32) as feed:
         waiting = asyncio.create_task(receive(feed, 1))
         await asyncio.sleep(0.2)
         published = time.monotonic()
         await js.publish(subject, b"one of many it asked for")
         assert await waiting == [b"one of many it asked for"]
         assert time.monotonic() - published < 0.5
-    finally:
-        await feed.stop()
 
 
 async def test_stop_hands_back_what_arrived_but_was_not_taken(consumer):
     nc, js, stream, subject = consumer
-    first = ContinuousPull(nc, stream, "reader", batch=8, expires_s=5.0, credits=8)
-    await first.start()
-    await js.publish(subject, b"delivered, never taken")
-    await asyncio.sleep(0.3)  # it reaches the first reader's inbox
-    await first.stop()
-    second = ContinuousPull(nc, stream, "reader", batch=8, expires_s=0.3)
-    await second.start()
-    try:
+    async with reading(nc, stream, batch=8, expires_s=5.0, credits=8):
+        await js.publish(subject, b"delivered, never taken")
+        await asyncio.sleep(0.3)  # it reaches the first reader's inbox
+    async with reading(nc, stream, batch=8, expires_s=0.3) as second:
         started = time.monotonic()
         # Not after the 5 s ack wait: the first reader handed it back.
         assert await receive(second, 1, timeout_s=3.0) == [b"delivered, never taken"]
         assert time.monotonic() - started < 3.0
-    finally:
-        await second.stop()
