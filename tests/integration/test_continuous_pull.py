@@ -116,3 +116,23 @@ async def test_stop_hands_back_what_arrived_but_was_not_taken(consumer):
         # Not after the 5 s ack wait: the first reader handed it back.
         assert await receive(second, 1, timeout_s=3.0) == [b"delivered, never taken"]
         assert time.monotonic() - started < 3.0
+
+
+async def test_after_a_reconnect_the_reader_renews_its_request(consumer, settings):
+    nc, js, stream, subject = consumer
+    reader_nc = await nats.connect(settings.nats_url, reconnect_time_wait=0.5)
+    try:
+        async with reading(reader_nc, stream, batch=8, expires_s=30.0) as feed:
+            waiting = asyncio.create_task(receive(feed, 1, timeout_s=10))
+            await asyncio.sleep(0.2)
+            # Drop the reader's connection the way a NATS restart would. Meanwhile a message
+            # comes: JetStream finds nobody listening on the request and drops the request.
+            reader_nc._transport.close()
+            await asyncio.sleep(0.1)  # the server notices; the client returns after 0.5 s
+            await js.publish(subject, b"sent while it was away")
+            published = time.monotonic()
+            assert await waiting == [b"sent while it was away"]
+            assert time.monotonic() - published < 4  # not the request's 30 s
+            assert reader_nc.stats["reconnects"] >= 1
+    finally:
+        await reader_nc.close()
