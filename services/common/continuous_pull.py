@@ -53,10 +53,10 @@ class ContinuousPull:
         self._reconnects = 0  # the connection's reconnect count when the request went out
         self._credits = credits
         self._credit_returned = asyncio.Event()
+        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
-        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
         self._subscription = await self._nc.subscribe(self._inbox, cb=self._on_message)
         await self._request()
 

@@ -123,18 +123,15 @@ class ParserService:
             return state
         seed = _fresh_seed(first) if first is not None else None
         if seed is not None:
-            state = ResponseState(
-                response_id, seed.base_snapshot, ParseContext.model_validate(seed.parse_context), self._encoding
-            )
+            base_snapshot, parse_context, consumed = seed.base_snapshot, seed.parse_context, []
         else:
             record = await self._log.load(response_id)
             if record is None:
                 return None
-            state = ResponseState(
-                response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), self._encoding
-            )
-            for message in record.consumed:
-                state.apply(message)
+            base_snapshot, parse_context, consumed = record.base_snapshot, record.parse_context, record.consumed
+        state = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context), self._encoding)
+        for message in consumed:
+            state.apply(message)
         self._states[response_id] = state
         if len(self._states) > MAX_STATES:
             # The least recently active; if it comes back it is rebuilt from Postgres.
