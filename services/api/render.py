@@ -381,7 +381,7 @@ def render_for_completion(encoding: HarmonyEncoding, conversation: Conversation)
                 and message.channel == "analysis":
             continue
         tokens += _rendered(encoding, message, bool(has_function_tools))
-    return tokens + _rendered_completion_start(encoding)
+    return tokens + list(_completion_start_tokens(encoding))
 
 
 def _rendered(encoding: HarmonyEncoding, message: Message, has_function_tools: bool) -> list[int]:
@@ -400,7 +400,3 @@ def _rendered(encoding: HarmonyEncoding, message: Message, has_function_tools: b
 @lru_cache(maxsize=4)
 def _completion_start_tokens(encoding: HarmonyEncoding) -> tuple[int, ...]:
     return tuple(encoding.encode("<|start|>assistant", allowed_special="all"))
-
-
-def _rendered_completion_start(encoding: HarmonyEncoding) -> list[int]:
-    return list(_completion_start_tokens(encoding))
