@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
 
 from schemas.api import CreateResponseRequest
 from schemas.bus import GenerationEnded, SamplingParams, TokenBatch
@@ -23,7 +22,7 @@ from schemas.responses import ParseContext
 from services.api.response_plan import plan_response
 from services.common.harmony_vocab import harmony_encoding
 from services.common.runtime import freeze_startup_heap
-from services.edge import SSE_HEADERS, frame
+from services.edge import EventStreamResponse, frame
 from services.parser.response_state import ResponseState
 from services.worker.simulator import SimulatorEngine, SimulatorTiming
 
@@ -43,7 +42,7 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
         return {"status": "ok"}
 
     @app.post("/v1/responses")
-    async def create(body: CreateResponseRequest) -> StreamingResponse:
+    async def create(body: CreateResponseRequest) -> EventStreamResponse:
         response_id = new_response_id()
         plan = plan_response(body, response_id, "baseline", int(time.time()), encoding)
         state = ResponseState(response_id, plan.record.base_snapshot,
@@ -51,7 +50,7 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
         prompt = plan.generation.prompt_token_ids
 
         async def frames():
-            yield frame(plan.first_events[0])
+            yield frame(plan.first_events[0]), False
             batch_no, produced = 0, 0
             sampling: SamplingParams = plan.generation.sampling
             async for output in engine.generate(response_id, prompt, sampling):
@@ -59,7 +58,7 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
                     batch = TokenBatch(response_id=response_id, attempt=0, batch_no=batch_no,
                                        token_ids=output.token_ids)
                     for event in state.apply_batch(batch).events:
-                        yield frame(event)
+                        yield frame(event), False
                     batch_no += 1
                     produced += len(output.token_ids)
                 if output.finish_reason:
@@ -67,9 +66,9 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
                                             finish_reason=output.finish_reason, prompt_tokens=len(prompt),
                                             output_tokens=produced)
                     for event in state.apply_end(ended).events:
-                        yield frame(event)
+                        yield frame(event), event.is_terminal
 
-        return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStreamResponse(frames())
 
     return app
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, get_args
 
 import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from openai.types.responses import ResponseIncludable
 
 from schemas.api import CreateResponseRequest
@@ -23,7 +23,7 @@ from services.api.render import InvalidInput
 from services.api.response_plan import history_items, plan_response
 from services.api.store import StoredResponse
 from services.common.bus import model_token
-from services.edge import SSE_HEADERS, LiveEvents, sse_body
+from services.edge import KEEPALIVE_S, EventStreamResponse, LiveEvents, sse_body
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,9 @@ def _failure_events(snapshot: dict[str, Any]):
 
 
 def _stream(services, response_id: str, after: int, snapshot: dict[str, Any], live: LiveEvents | None = None,
-            known: list[LoggedEvent] | None = None) -> StreamingResponse:
-    body = sse_body(services.tail.runs(response_id, after=after, live=live, known=known), _failure_events(snapshot))
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+            known: list[LoggedEvent] | None = None) -> EventStreamResponse:
+    runs = services.tail.runs(response_id, after=after, live=live, known=known, keepalive_s=KEEPALIVE_S)
+    return EventStreamResponse(sse_body(runs, _failure_events(snapshot)))
 
 
 async def _await_terminal(services, response_id: str, timeout_s: float | None = None) -> dict[str, Any] | None:

@@ -77,20 +77,22 @@ class ResponseStore:
                                  *unnest_columns(events, 4))
 
     async def fail_unstarted(self, response_id: str, events: list[LoggedEvent], snapshot: dict[str, Any]) -> None:
-        """Ends a response no worker will ever see (its work could not be published)."""
+        """Ends a response no worker will ever see (its work could not be published).
+        The row is updated first: a response deleted meanwhile gets no events."""
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.executemany(
-                "INSERT INTO response_events (response_id, seq, type, payload) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT DO NOTHING",
-                [(response_id, e.seq, e.type, e.payload) for e in events],
-            )
-            await conn.execute(
+            updated = await conn.fetchval(
                 "UPDATE responses SET status = 'failed', snapshot = $2::jsonb, error = $3::jsonb,"
-                " completed_at = now(), updated_at = now() WHERE id = $1",
+                " completed_at = now(), updated_at = now() WHERE id = $1 RETURNING true",
                 response_id,
                 _json(snapshot),
                 _json(snapshot.get("error")),
             )
+            if updated:
+                await conn.executemany(
+                    "INSERT INTO response_events (response_id, seq, type, payload) VALUES ($1, $2, $3, $4)"
+                    " ON CONFLICT DO NOTHING",
+                    [(response_id, e.seq, e.type, e.payload) for e in events],
+                )
 
     async def get(self, response_id: str, tenant_id: str) -> StoredResponse | None:
         """A stored response of this tenant; responses created with store=false are not
@@ -179,15 +181,23 @@ class ResponseStore:
         )
 
     async def delete(self, response_id: str, tenant_id: str) -> bool:
-        """Deletes the response with its events, tokens and input items (cascade)."""
-        status = await self._pool.execute(
-            "DELETE FROM responses WHERE id = $1 AND tenant_id = $2 AND store", response_id, tenant_id
-        )
-        return status.endswith(" 1")
+        """Deletes the response with its events, tokens and input items."""
+        return bool(await self._delete_with_events(
+            "DELETE FROM responses WHERE id = $1 AND tenant_id = $2 AND store RETURNING id", response_id, tenant_id
+        ))
 
     async def purge_expired(self) -> int:
-        status = await self._pool.execute("DELETE FROM responses WHERE expires_at < now()")
-        return int(status.split()[-1])
+        return len(await self._delete_with_events("DELETE FROM responses WHERE expires_at < now() RETURNING id"))
+
+    async def _delete_with_events(self, delete_responses: str, *args: Any) -> list[str]:
+        """Tokens and input items go with their rows (foreign keys); events have none
+        (migration 0004) and are deleted by the next statement, whose snapshot includes
+        what a parser that held a row committed before the row could be deleted."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            gone = [row[0] for row in await conn.fetch(delete_responses, *args)]
+            if gone:
+                await conn.execute("DELETE FROM response_events WHERE response_id = ANY($1::text[])", gone)
+        return gone
 
 
 _CREATE = """

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncGenerator, Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from schemas.events import LoggedEvent
 
@@ -26,37 +29,63 @@ def frame(event: LoggedEvent) -> bytes:
 
 
 async def sse_body(
-    runs: AsyncIterator[list[LoggedEvent]], on_failure: FailureEvents, keepalive_s: float = KEEPALIVE_S
-) -> AsyncIterator[bytes]:
-    """Frames runs of events (one chunk per run); comments while they are silent; if
-    reading them fails, ends the stream visibly with ``on_failure``'s events instead of
-    cutting it."""
+    runs: AsyncGenerator[list[LoggedEvent], None], on_failure: FailureEvents
+) -> AsyncGenerator[tuple[bytes, bool], None]:
+    """Frames runs of events, one chunk per run, each with whether it ends the stream;
+    an empty run (the log was silent) becomes a comment. If reading the runs fails, the
+    stream ends visibly with ``on_failure``'s events instead of being cut."""
     last_seq = -1
-    iterator = runs.__aiter__()
-    pending: asyncio.Future | None = None
     try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
-            if not done:
-                yield KEEPALIVE_COMMENT
+        async for run in runs:
+            if not run:
+                yield KEEPALIVE_COMMENT, False
                 continue
-            try:
-                run = pending.result()
-            except StopAsyncIteration:
-                return
-            except Exception:
-                log.exception("stream ended by a failure after seq %d", last_seq)
-                yield b"".join(frame(failure) for failure in on_failure(last_seq))
-                return
-            finally:
-                pending = None
             last_seq = run[-1].seq
-            yield b"".join(frame(event) for event in run)
+            yield b"".join(frame(event) for event in run), run[-1].is_terminal
+    except Exception:
+        log.exception("stream ended by a failure after seq %d", last_seq)
+        yield b"".join(frame(failure) for failure in on_failure(last_seq)), True
     finally:
-        if pending is not None:
-            # Cancelling the pending read ends the generator (its cleanup runs).
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-        await iterator.aclose()
+        # Also when the stream is left early (its last chunk sent, the client gone).
+        await runs.aclose()
+
+
+class EventStreamResponse(Response):
+    """Sends ``sse_body``'s chunks as they come; the chunk that ends the stream also ends
+    the HTTP body (one write less than an empty closing chunk). A client that goes away
+    stops the stream at once, whatever it is waiting for."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncGenerator[tuple[bytes, bool], None]) -> None:
+        self._chunks = chunks
+        self.status_code = 200
+        self.background = None
+        self.init_headers(SSE_HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.current_task()
+        gone = False
+
+        async def cancel_when_gone() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            streaming.cancel()
+
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        watcher = asyncio.create_task(cancel_when_gone())
+        try:
+            async for chunk, last in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            streaming.uncancel()
+        finally:
+            watcher.cancel()
+            await self._chunks.aclose()

@@ -4,12 +4,14 @@ Subscribe to the live subject first, then replay from Postgres, so nothing commi
 in between is missed; live events at or below the cursor are dropped; a gap in live
 sequence numbers (core NATS may drop a message) is backfilled from Postgres; silence
 longer than ``poll_interval_s`` also triggers a read (backing off while NATS is up and
-nothing comes), so a NATS outage only delays."""
+nothing comes), so a NATS outage only delays. A writer that must show signs of life
+during silence asks for empty runs (``keepalive_s``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Callable
+import math
+from typing import AsyncGenerator, AsyncIterator, Callable
 
 import asyncpg
 from nats.aio.client import Client
@@ -69,14 +71,19 @@ class ResponseTail:
         *,
         live: "LiveEvents | None" = None,
         known: list[LoggedEvent] | None = None,
-    ) -> AsyncIterator[list[LoggedEvent]]:
+        keepalive_s: float | None = None,
+    ) -> AsyncGenerator[list[LoggedEvent], None]:
         """The same events, in runs as they become available (a replay is one run), so a
         writer can send each run at once. ``known``: every event after ``after`` that is
         stored so far, when the caller has them (a response it has just created), with
-        ``live`` listening since before they were stored; otherwise they are read."""
+        ``live`` listening since before they were stored; otherwise they are read. With
+        ``keepalive_s``, an empty run after that long without one."""
+        loop = asyncio.get_running_loop()
         live = live or await self.listen(response_id)
         cursor = after
         interval = poll_interval_s
+        poll_at = loop.time() + interval
+        keepalive_at = loop.time() + keepalive_s if keepalive_s is not None else math.inf
         try:
             batch = known if known is not None else await self._read_after(response_id, cursor)
             while True:
@@ -94,13 +101,25 @@ class ResponseTail:
                             return
                 if run:
                     yield run
+                    keepalive_at = loop.time() + keepalive_s if keepalive_s is not None else math.inf
+                batch = []
                 try:
-                    batch = await asyncio.wait_for(live.queue.get(), interval)
+                    # Cheaper than wait_for (no task per wait); an event that comes as the
+                    # wait ends stays queued for the next one.
+                    async with asyncio.timeout_at(min(poll_at, keepalive_at)):
+                        batch = await live.queue.get()
                     interval = poll_interval_s
-                except asyncio.TimeoutError:
-                    batch = await self._read_after(response_id, cursor)
-                    connected = self._nc.is_connected
-                    interval = min(interval * 2, MAX_POLL_INTERVAL_S) if connected and not batch else poll_interval_s
+                    poll_at = loop.time() + interval
+                except TimeoutError:
+                    now = loop.time()
+                    if now >= keepalive_at:
+                        yield []
+                        keepalive_at = now + keepalive_s
+                    if now >= poll_at:
+                        batch = await self._read_after(response_id, cursor)
+                        connected = self._nc.is_connected
+                        interval = min(interval * 2, MAX_POLL_INTERVAL_S) if connected and not batch else poll_interval_s
+                        poll_at = loop.time() + interval
         finally:
             await live.close()
 

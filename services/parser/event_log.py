@@ -82,7 +82,9 @@ class EventLog:
         return ResponseRecord(response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]), consumed)
 
     async def commit(self, writes: list[ResponseWrite]) -> None:
-        """Everything in one statement: one round trip, atomic."""
+        """Everything in one statement: one round trip, atomic. Events carry no foreign
+        key (migration 0004); the batches that produced them do, so the statement fails
+        whole for a response that was deleted."""
         events = [(w.response_id, e.seq, e.type, e.payload) for w in writes for e in w.events]
         tokens = [_token_row(w.response_id, m) for w in writes for m in w.consumed]
         started = [w.response_id for w in writes if w.started and w.final_snapshot is None]

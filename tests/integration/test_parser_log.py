@@ -75,12 +75,13 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
     try:
         js = nc.jetstream()
         for row in batches:
-            if row["ended"]:
-                body = row["ended"].encode()
+            ended = orjson.loads(row["ended"]) if row["ended"] else None
+            if ended is not None and ended["batch_count"] == row["batch_no"]:
+                body = row["ended"].encode()  # an end recorded on its own
             else:
                 body = orjson.dumps({"kind": "tokens", "response_id": response_id, "attempt": row["attempt"],
                                      "batch_no": row["batch_no"], "token_ids": list(row["token_ids"]),
-                                     "parser_seed": seed if row["batch_no"] == 0 else None})
+                                     "parser_seed": seed if row["batch_no"] == 0 else None, "ended": ended})
             # No Nats-Msg-Id: JetStream stores it again, the parser sees it twice.
             await js.publish(names.tokens_subject(response_id), body)
         partition = int(names.tokens_subject(response_id).split(".")[2])
