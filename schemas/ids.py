@@ -1,5 +1,7 @@
-"""Identifiers. A response id is random; everything inside a response derives from it
-and a position, so rebuilding a response yields the same ids."""
+"""Identifiers. A response id is random but for its origin (the API process that made
+it, so the subject its events are announced on leads there); everything inside a
+response derives from the id and a position, so rebuilding a response yields the same
+ids."""
 
 from __future__ import annotations
 
@@ -7,8 +9,20 @@ import hashlib
 import secrets
 
 
-def new_response_id() -> str:
-    return "resp_" + secrets.token_hex(24)
+ORIGIN_CHARS = 8
+
+
+def new_origin() -> str:
+    return secrets.token_hex(ORIGIN_CHARS // 2)
+
+
+def new_response_id(origin: str | None = None) -> str:
+    """``resp_`` + the origin (random when not given) + 40 random hex characters."""
+    return "resp_" + (origin or new_origin()) + secrets.token_hex(20)
+
+
+def origin_of(response_id: str) -> str:
+    return response_id[5:5 + ORIGIN_CHARS]
 
 
 def derived_id(prefix: str, response_id: str, position: int) -> str:

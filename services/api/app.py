@@ -15,6 +15,7 @@ from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from schemas.ids import new_origin
 from services.api.auth import Authenticator
 from services.api.errors import (
     ApiError,
@@ -58,7 +59,11 @@ class Services:
         self.pool = await db.create_pool(self.settings.database_url, max_size=20)
         self.store = ResponseStore(self.pool)
         self.reader = EventReader(self.pool)
-        self.tail = ResponseTail(self.nc, self.reader, self.names.events_subject)
+        # The ids this process makes carry it, so their events come on one subscription.
+        self.origin = new_origin()
+        self.tail = ResponseTail(self.nc, self.reader, self.names.events_subject, self.origin,
+                                 self.names.origin_events(self.origin))
+        await self.tail.start()
         self.authenticate = Authenticator(None if self.settings.auth_disabled else KeyResolver(self.pool))
         self._purger = asyncio.create_task(self._purge_expired())
 
@@ -72,6 +77,7 @@ class Services:
     async def close(self) -> None:
         self._purger.cancel()
         await self.workers.stop()
+        await self.tail.stop()
         await self.nc.close()
         await self.pool.close()
 

@@ -155,7 +155,7 @@ async def create_response(body: CreateResponseRequest, services: Services, tenan
     if not await _model_is_served(services, body.model):
         raise ApiError(404, f"The model '{body.model}' does not exist or no worker serves it.",
                        param="model", code="model_not_found")
-    response_id = new_response_id()
+    response_id = new_response_id(services.origin)
     try:
         plan = plan_response(body, response_id, tenant, int(time.time()), services.encoding, history)
     except InvalidInput as exc:

@@ -29,6 +29,8 @@ from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.api import KeyValueConfig
 
+from schemas.ids import origin_of
+
 log = logging.getLogger(__name__)
 
 # How long a consumer waits for an ack (or an in-progress heartbeat) before redelivering.
@@ -83,7 +85,12 @@ class Names:
         return f"parser-p{partition}"
 
     def events_subject(self, response_id: str) -> str:
-        return f"{self.namespace}.events.{response_id}"
+        """Committed events of one response, under its origin (the API process that made it)."""
+        return f"{self.namespace}.events.{origin_of(response_id)}.{response_id}"
+
+    def origin_events(self, origin: str) -> str:
+        """Committed events of every response made by one API process."""
+        return f"{self.namespace}.events.{origin}.*"
 
     @property
     def cancel_bucket(self) -> str:

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from schemas.events import CommittedEvents, LoggedEvent
+from schemas.ids import origin_of
 from services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
@@ -30,10 +31,36 @@ OUTAGE_TOLERANCE_S = 30.0
 
 
 class ResponseTail:
-    def __init__(self, nc: Client, reader: EventReader, subject_for: Callable[[str], str]) -> None:
+    """``origin``: this API process's tag in the ids it makes. The events of those
+    responses come on one subscription for the process (``origin_subject``), opened by
+    ``start``; following any other response takes a subscription of its own."""
+
+    def __init__(self, nc: Client, reader: EventReader, subject_for: Callable[[str], str],
+                 origin: str | None = None, origin_subject: str | None = None) -> None:
         self._nc = nc
         self._reader = reader
         self._subject_for = subject_for
+        self._origin = origin
+        self._origin_subject = origin_subject
+        self._origin_subscription: Subscription | None = None
+        # response id -> the tails following it on the origin subscription
+        self._following: dict[str, list[LiveEvents]] = {}
+
+    async def start(self) -> None:
+        if self._origin_subject is not None:
+            self._origin_subscription = await self._nc.subscribe(self._origin_subject, cb=self._on_origin_message)
+
+    async def stop(self) -> None:
+        if self._origin_subscription is not None:
+            await self._origin_subscription.unsubscribe()
+            self._origin_subscription = None
+
+    async def _on_origin_message(self, msg: Msg) -> None:
+        following = self._following.get(msg.subject.rpartition(".")[2])
+        if following:
+            events = CommittedEvents.model_validate_json(msg.data).events
+            for live in following:
+                live.queue.put_nowait(events)
 
     async def _read_after(self, response_id: str, cursor: int) -> list[LoggedEvent]:
         """Reads, retrying through a short Postgres outage; raises when it lasts too long."""
@@ -59,9 +86,20 @@ class ResponseTail:
     async def listen(self, response_id: str) -> "LiveEvents":
         """Starts receiving the events the parser announces for ``response_id``; whoever
         listens before the response can produce any need not read what came before."""
+        if self._origin_subscription is not None and origin_of(response_id) == self._origin:
+            live = LiveEvents(forget=lambda: self._forget(response_id, live))
+            self._following.setdefault(response_id, []).append(live)
+            return live
         live = LiveEvents()
         live.subscription = await self._nc.subscribe(self._subject_for(response_id), cb=live.on_message)
         return live
+
+    def _forget(self, response_id: str, live: "LiveEvents") -> None:
+        following = self._following.get(response_id, [])
+        if live in following:
+            following.remove(live)
+        if not following:
+            self._following.pop(response_id, None)
 
     async def runs(
         self,
@@ -128,9 +166,10 @@ class LiveEvents:
     """Committed events of one response as the parser announces them (core NATS: fast,
     but a message can be lost, which the tail notices as a gap)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forget: Callable[[], None] | None = None) -> None:
         self.queue: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
         self.subscription: Subscription | None = None
+        self._forget = forget
 
     async def on_message(self, msg: Msg) -> None:
         self.queue.put_nowait(CommittedEvents.model_validate_json(msg.data).events)
@@ -139,3 +178,6 @@ class LiveEvents:
         if self.subscription is not None:
             await self.subscription.unsubscribe()
             self.subscription = None
+        if self._forget is not None:
+            self._forget()
+            self._forget = None
