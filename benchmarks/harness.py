@@ -62,6 +62,8 @@ IDLE_MODEL = "steno-idle"
 SLOW_MODEL = "steno-slow"
 CONTENT_EVENTS = (b"response.reasoning_text.delta", b"response.output_text.delta")
 LONG_INPUT = " ".join(f"word{i}" for i in range(70))
+# ttfe: rounds in a row before the other side takes its turn.
+ROUNDS_PER_BLOCK = 10
 
 
 def answer_tokens(encoding, text: str) -> list[int]:
@@ -121,6 +123,18 @@ async def one_stream(client: SseClient, text: str) -> dict[str, Any]:
                    if data.startswith(b'{"type":"response.completed"')), 0)
     return {"first_event_s": first - started, "first_content_s": first_content - started,
             "total_s": done - started, "events": len(frames), "tokens": tokens}
+
+
+def _ttfe_summary(samples: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
+    ok = [s for s in samples if "error" not in s]
+    first = [s["first_event_s"] * 1000 for s in ok]
+    content = [s["first_content_s"] * 1000 for s in ok]
+    return {"samples": len(samples), "errors": len(samples) - len(ok),
+            "error_kinds": sorted({s["error"] for s in samples if "error" in s}),
+            "first_event_ms_p50": pct(first, .5), "first_event_ms_p99": pct(first, .99),
+            "first_content_ms_p50": pct(content, .5), "first_content_ms_p99": pct(content, .99),
+            "cpu_ms_per_request": {process: round(used * 1000 / len(samples), 2)
+                                   for process, used in cpu.items() if used > 0}}
 
 
 @asynccontextmanager
@@ -205,38 +219,50 @@ class Bench:
 
     # -- scenarios ----------------------------------------------------------------
     async def ttfe(self, levels: list[int], samples_wanted: int) -> dict[str, Any]:
+        """Rounds of ``level`` streams started together, back to back (a server that is
+        serving), in blocks that alternate between Steno and the baseline, so both sides
+        meet the machine in the same state (a shared machine's speed drifts over minutes)
+        and ``added`` compares like with like."""
         out: dict[str, Any] = {}
+        sides = {"steno": self.steno_urls, "baseline": [self.baseline_url]}
         for level in levels:
             rounds = max(3, samples_wanted // level)
-            row: dict[str, Any] = {}
-            for name, urls in (("steno", self.steno_urls), ("baseline", [self.baseline_url])):
-                samples = []
-                async with sse_clients(urls, level) as clients:
-                    # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
-                    # server that has been serving; the first burst after a start measures start-up.
-                    await asyncio.gather(*(one_stream(clients[i % len(clients)], "warm up") for i in range(level)))
-                    before = self.cpu_by_process()
-                    for _ in range(rounds):
-                        samples += await asyncio.gather(*(one_stream(clients[i % len(clients)], f"ttfe {i}")
-                                                          for i in range(level)))
-                    after = self.cpu_by_process()
-                    cpu_ms_per_request = {process: round((after[process] - used) * 1000 / len(samples), 2)
-                                          for process, used in before.items() if after[process] - used > 0}
-                ok = [s for s in samples if "error" not in s]
-                first = [s["first_event_s"] * 1000 for s in ok]
-                content = [s["first_content_s"] * 1000 for s in ok]
-                errors = sorted({s["error"] for s in samples if "error" in s})
-                row[name] = {"samples": len(samples), "errors": len(samples) - len(ok), "error_kinds": errors,
-                             "first_event_ms_p50": pct(first, .5),
-                             "first_event_ms_p99": pct(first, .99), "first_content_ms_p50": pct(content, .5),
-                             "first_content_ms_p99": pct(content, .99), "cpu_ms_per_request": cpu_ms_per_request}
-            row["added_first_content_ms_p50"] = row["steno"]["first_content_ms_p50"] - row["baseline"]["first_content_ms_p50"]
-            row["added_first_content_ms_p99"] = row["steno"]["first_content_ms_p99"] - row["baseline"]["first_content_ms_p99"]
+            samples: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+            client_cpu = dict.fromkeys(sides, 0.0)
+            async with AsyncExitStack() as stack:
+                clients = {name: await stack.enter_async_context(sse_clients(urls, level))
+                           for name, urls in sides.items()}
+                # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
+                # server that has been serving; the first burst after a start measures start-up.
+                for name, side in clients.items():
+                    await asyncio.gather(*(one_stream(side[i % len(side)], "warm up") for i in range(level)))
+                before = self.cpu_by_process()
+                for block in range(0, rounds, ROUNDS_PER_BLOCK):
+                    for name, side in clients.items():
+                        started = time.process_time()
+                        for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
+                            samples[name] += await asyncio.gather(*(one_stream(side[i % len(side)], f"ttfe {i}")
+                                                                    for i in range(level)))
+                        client_cpu[name] += time.process_time() - started
+                after = self.cpu_by_process()
+            # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
+            used = {process: after[process] - before[process] for process in before if process != "client"}
+            cpu = {"steno": {process: seconds for process, seconds in used.items() if process != "baseline"},
+                   "baseline": {"baseline": used["baseline"]}}
+            for name in sides:
+                cpu[name]["client"] = client_cpu[name]
+            row: dict[str, Any] = {name: _ttfe_summary(samples[name], cpu[name]) for name in sides}
+            for metric in ("first_content", "first_event"):
+                for q in ("p50", "p99"):
+                    row[f"added_{metric}_ms_{q}"] = (row["steno"][f"{metric}_ms_{q}"]
+                                                     - row["baseline"][f"{metric}_ms_{q}"])
             out[str(level)] = row
             print(f"ttfe {level:>4} streams: steno first content p50 {row['steno']['first_content_ms_p50']:.1f} ms "
                   f"p99 {row['steno']['first_content_ms_p99']:.1f} ms | baseline p50 "
                   f"{row['baseline']['first_content_ms_p50']:.1f} ms p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
                   f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms"
+                  f" | first event added p50 {row['added_first_event_ms_p50']:.1f} ms"
+                  f" p99 {row['added_first_event_ms_p99']:.1f} ms"
                   f" | errors {row['steno']['errors']}/{row['baseline']['errors']}"
                   f" | CPU ms per request {row['steno']['cpu_ms_per_request']} / {row['baseline']['cpu_ms_per_request']}",
                   flush=True)
