@@ -251,8 +251,8 @@ class GenerationWorker:
         await publish_batch(tail, ended)
         # Unconfirmed: were the ack lost, the redelivered request finds its end published.
         await msg.ack()
-        # The usual ending is not news (a record and a write per request, at every request);
-        # a retried attempt, an error or a cancel is.
+        # The usual ending is not news, and a line for every request costs a formatted
+        # record and a write each; a retried attempt, an error or a cancel is news.
         level = logging.DEBUG if attempt == 0 and finish in ("stop", "length") else logging.INFO
         log.log(level, "%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish,
                 output_tokens - len(prior.token_ids), time.monotonic() - started)
