@@ -1,7 +1,7 @@
 """``response_events`` drops its foreign key to ``responses``.
 
-The key's check ran once per inserted event (a trigger and a lookup per row), a quarter
-of Postgres's time on the parser's commits. Integrity holds without it: every statement
+The key's check ran once per inserted event (a trigger and a lookup per row): a quarter
+of the time Postgres took to insert a response's events. Integrity holds without it: every statement
 that adds events also adds the token batches that produced them (the parser) or the
 response row itself (the API), and ``response_tokens`` keeps its key, so events cannot
 be written for a response that is gone. Deleting a response deletes its events
