@@ -26,7 +26,7 @@ from services.api.errors import (
     validation_error_handler,
 )
 from services.api.keys import KeyResolver
-from services.api.routes import router
+from services.api.routes import create_fast_path, router
 from services.api.store import ResponseStore
 from services.common import bus, db
 from services.common.config import Settings
@@ -151,4 +151,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.add_middleware(BodySizeLimit, limit=services.settings.max_body_bytes)
     app.include_router(router)
+    app.router.routes.insert(0, create_fast_path())
     return app

@@ -17,6 +17,9 @@ def test_openapi_document_is_published(stack):
     assert {"/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
             "/v1/responses/{response_id}/input_items"} <= set(paths)
     assert {"get", "delete"} <= set(paths["/v1/responses/{response_id}"])
+    # Creation is served by a fast path beside the declared route; the document keeps its body.
+    body = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/CreateResponseRequest"}
 
 
 def test_no_generated_input_gets_a_5xx(stack, tmp_path):

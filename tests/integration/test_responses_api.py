@@ -130,6 +130,22 @@ def test_malformed_json_body_is_a_400(stack):
     assert reply.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_body_that_is_not_json_is_a_400(stack):
+    reply = httpx.post(stack.base_url + "/responses", content=b'{"model": "x", "input": "hi"}',
+                       headers={"content-type": "text/plain", **stack.headers()}, timeout=10)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "The request body must be a JSON object."
+
+
+def test_json_with_a_charset_streams(stack):
+    body = b'{"model": "%s", "input": "charset", "stream": true}' % MODEL.encode()
+    with httpx.stream("POST", stack.base_url + "/responses", content=body, timeout=30,
+                      headers={"content-type": "application/json; charset=utf-8", **stack.headers()}) as reply:
+        types = [line[7:] for line in reply.iter_lines() if line.startswith("event: ")]
+    assert reply.status_code == 200
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+
+
 def test_unknown_response_is_a_404(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.responses.retrieve("resp_missing")
