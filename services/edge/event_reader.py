@@ -17,4 +17,4 @@ class EventReader:
             response_id,
             after,
         )
-        return [LoggedEvent.model_construct(seq=r[0], type=r[1], payload=r[2]) for r in rows]
+        return [LoggedEvent(seq=r[0], type=r[1], payload=r[2]) for r in rows]

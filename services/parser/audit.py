@@ -51,5 +51,5 @@ async def audit(pool: asyncpg.Pool, encoding: HarmonyEncoding, response_id: str,
     rows = await pool.fetch(
         "SELECT seq, type, payload FROM response_events WHERE response_id = $1 AND seq >= 1 ORDER BY seq", response_id
     )
-    stored = [LoggedEvent.model_construct(seq=r[0], type=r[1], payload=r[2]) for r in rows]
+    stored = [LoggedEvent(seq=r[0], type=r[1], payload=r[2]) for r in rows]
     return AuditResult(reparsed, stored)

@@ -44,7 +44,7 @@ class ResponseBuilder:
         seq = self._next_seq
         self._next_seq += 1
         payload = orjson.dumps({"type": type_, "sequence_number": seq, **body}).decode()
-        self._events.append(LoggedEvent.model_construct(seq=seq, type=type_, payload=payload))
+        self._events.append(LoggedEvent(seq=seq, type=type_, payload=payload))
 
     def _take_events(self) -> list[LoggedEvent]:
         events, self._events = self._events, []
