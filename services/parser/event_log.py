@@ -75,11 +75,17 @@ class EventLog:
 
     async def load(self, response_id: str) -> ResponseRecord | None:
         """The response and everything consumed for it, in one round trip."""
-        row = await self._pool.fetchrow(_LOAD, response_id)
-        if row is None:
-            return None
-        consumed = [_stored_message(response_id, message) for message in orjson.loads(row[3])]
-        return ResponseRecord(response_id, row[0], orjson.loads(row[1]), orjson.loads(row[2]), consumed)
+        return (await self.load_many([response_id])).get(response_id)
+
+    async def load_many(self, response_ids: list[str]) -> dict[str, ResponseRecord]:
+        """``load`` for several responses in one round trip; a missing one is left out."""
+        records = {}
+        for row in await self._pool.fetch(_LOAD, response_ids):
+            response_id = row[0]
+            consumed = [_stored_message(response_id, message) for message in orjson.loads(row[4])]
+            records[response_id] = ResponseRecord(response_id, row[1], orjson.loads(row[2]), orjson.loads(row[3]),
+                                                  consumed)
+        return records
 
     async def commit(self, writes: list[ResponseWrite]) -> None:
         """Everything in one statement: one round trip, atomic. Events carry no foreign
@@ -100,11 +106,11 @@ class EventLog:
 
 
 _LOAD = """
-SELECT r.status, r.base_snapshot::text, r.parse_context::text,
+SELECT r.id, r.status, r.base_snapshot::text, r.parse_context::text,
        coalesce((SELECT json_agg(json_build_array(t.attempt, t.batch_no, t.token_ids, t.logprobs, t.ended)
                                  ORDER BY t.attempt, t.batch_no)
                  FROM response_tokens AS t WHERE t.response_id = r.id), '[]')::text
-FROM responses AS r WHERE r.id = $1
+FROM responses AS r WHERE r.id = ANY($1::text[])
 """
 
 _COMMIT = f"""

@@ -114,21 +114,33 @@ class ParserService:
             with suppress(Exception):
                 await feed.stop()
 
-    async def _state_for(self, response_id: str, first: tuple[Msg, TokenMessage] | None = None) -> ResponseState | None:
-        """The response's state: the one held, else one built from the seed on its very
-        first batch, else one rebuilt from Postgres."""
-        state = self._states.get(response_id)
-        if state is not None:
-            self._states.move_to_end(response_id)
-            return state
-        seed = _fresh_seed(first) if first is not None else None
-        if seed is not None:
-            base_snapshot, parse_context, consumed = seed.base_snapshot, seed.parse_context, []
-        else:
-            record = await self._log.load(response_id)
-            if record is None:
-                return None
-            base_snapshot, parse_context, consumed = record.base_snapshot, record.parse_context, record.consumed
+    async def _states_for(self, firsts: dict[str, tuple[Msg, TokenMessage] | None]) -> dict[str, ResponseState | None]:
+        """The state of each response (by its first fetched message, if any): the one held,
+        else one built from the seed on its very first batch, else one rebuilt from
+        Postgres. Those rebuilt (after a restart or a takeover, a whole backlog of them)
+        are read in one round trip. None for a response Postgres does not have."""
+        states: dict[str, ResponseState | None] = {}
+        to_read: list[str] = []
+        for response_id, first in firsts.items():
+            state = self._states.get(response_id)
+            if state is not None:
+                self._states.move_to_end(response_id)
+            elif (seed := _fresh_seed(first) if first is not None else None) is not None:
+                state = self._keep(response_id, seed.base_snapshot, seed.parse_context, [])
+            else:
+                to_read.append(response_id)
+            states[response_id] = state
+        if to_read:
+            records = await self._log.load_many(to_read)
+            for response_id in to_read:
+                record = records.get(response_id)
+                if record is not None:
+                    states[response_id] = self._keep(response_id, record.base_snapshot, record.parse_context,
+                                                     record.consumed)
+        return states
+
+    def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
+              consumed: list[TokenMessage]) -> ResponseState:
         state = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context), self._encoding)
         for message in consumed:
             state.apply(message)
@@ -141,7 +153,7 @@ class ParserService:
     async def _fail_poisoned(self, response_id: str, write: ResponseWrite, exc: Exception) -> None:
         """Ends a response whose next batch keeps breaking the parser: failed, visibly,
         with the end recorded so a re-parse reaches the same failure."""
-        state = await self._state_for(response_id)
+        state = (await self._states_for({response_id: None}))[response_id]
         if state is None or state.finished:
             return
         ended = state.failure(f"The model output could not be processed ({type(exc).__name__}); giving up.")
@@ -165,8 +177,9 @@ class ParserService:
         to_ack: list[Msg] = []
         to_retry: list[Msg] = []
         try:
+            states = await self._states_for({response_id: items[0] for response_id, items in by_response.items()})
             for response_id, items in by_response.items():
-                state = await self._state_for(response_id, items[0])
+                state = states[response_id]
                 if state is None:
                     log.warning("tokens for unknown (deleted?) response %s dropped", response_id)
                     to_ack += [msg for msg, _ in items]

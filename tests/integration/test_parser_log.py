@@ -142,3 +142,69 @@ def test_tool_kinds_end_to_end(client, tools, item_type):
         assert item.input == "a@b.c"
     retrieved = validate_response(client.responses.retrieve(final.id).model_dump())
     assert plain(retrieved.output[-1]) == plain(item)
+
+
+async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, settings):
+    """Token batches with no parser seed, as a parser finds them after a restart or a
+    takeover: every response's state is rebuilt from Postgres (several in one fetch), its
+    events are those the pure parser makes of the same batches, and batches of a response
+    Postgres does not have are dropped without holding up the others."""
+    import asyncpg
+    import nats
+
+    from schemas.api import CreateResponseRequest
+    from schemas.bus import GenerationEnded, TokenBatch
+    from schemas.responses import ParseContext
+    from services.api.response_plan import plan_response
+    from services.api.store import ResponseStore
+    from services.common.bus import Names
+    from services.common.harmony_vocab import harmony_encoding
+    from services.parser.response_state import ResponseState
+    from services.worker.simulator import completion_tokens, read_prompt
+
+    encoding = harmony_encoding()
+    names = Names(settings.namespace, settings.token_partitions)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    nc = await nats.connect(settings.nats_url)
+    expected: dict[str, list[tuple]] = {}
+    try:
+        js = nc.jetstream()
+        messages = []
+        for i in range(12):
+            request = CreateResponseRequest(model=MODEL, input=f"backlog {i}", background=True)
+            plan = plan_response(request, f"resp_backlog{i:02d}{settings.namespace}", "default", 1_700_000_000,
+                                 encoding)
+            await ResponseStore(pool).create(plan.record, plan.first_events)
+            rid = plan.record.response_id
+            tokens = completion_tokens(encoding, read_prompt(encoding, plan.generation.prompt_token_ids))
+            batches = [TokenBatch(response_id=rid, attempt=0, batch_no=n, token_ids=tokens[start:start + 8])
+                       for n, start in enumerate(range(0, len(tokens), 8))]
+            batches[-1].ended = GenerationEnded(response_id=rid, attempt=0, batch_count=len(batches),
+                                                finish_reason="stop", prompt_tokens=10, output_tokens=len(tokens))
+            oracle = ResponseState(rid, plan.record.base_snapshot, ParseContext.model_validate(plan.record.parse_context),
+                                   encoding)
+            expected[rid] = [(e.seq, e.type, e.payload) for e in plan.first_events]
+            for batch in batches:
+                expected[rid] += [(e.seq, e.type, e.payload) for e in oracle.apply(batch).events]
+            messages += [(rid, batch) for batch in batches]
+        unknown = "resp_backlogunknown" + settings.namespace
+        messages.append((unknown, TokenBatch(response_id=unknown, attempt=0, batch_no=0, token_ids=[1, 2])))
+        # Interleaved, as batches of concurrent responses reach a partition.
+        messages.sort(key=lambda item: item[1].batch_no)
+        for rid, batch in messages:
+            await js.publish(names.tokens_subject(rid), batch.model_dump_json().encode())
+        for _ in range(150):
+            done = await db.fetchval("SELECT count(*) FROM responses WHERE id = ANY($1) AND status = 'completed'",
+                                     list(expected))
+            if done == len(expected):
+                break
+            await asyncio.sleep(0.1)
+        assert done == len(expected)
+    finally:
+        await nc.close()
+        await pool.close()
+    for rid, events in expected.items():
+        rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+                              rid)
+        assert [tuple(r) for r in rows] == events
+    assert await db.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", unknown) == 0
