@@ -181,8 +181,8 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
                        for n, start in enumerate(range(0, len(tokens), 8))]
             batches[-1].ended = GenerationEnded(response_id=rid, attempt=0, batch_count=len(batches),
                                                 finish_reason="stop", prompt_tokens=10, output_tokens=len(tokens))
-            oracle = ResponseState(rid, plan.record.base_snapshot, ParseContext.model_validate(plan.record.parse_context),
-                                   encoding)
+            context = ParseContext.model_validate(plan.record.parse_context)
+            oracle = ResponseState(rid, plan.record.base_snapshot, context, encoding)
             expected[rid] = [(e.seq, e.type, e.payload) for e in plan.first_events]
             for batch in batches:
                 expected[rid] += [(e.seq, e.type, e.payload) for e in oracle.apply(batch).events]
