@@ -55,6 +55,21 @@ async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db):
     assert [tuple(r) for r in rows] == seen
 
 
+async def test_a_restore_over_a_partly_stored_log_writes_only_the_gap(stack, db):
+    """The re-parse overlaps the events still stored: the commit meets their keys, skips
+    them and writes the rest (the path another writer's overlapping commit takes too)."""
+    seen = stream_frames(stack, {"model": MODEL, "input": "mind the gap"})
+    response_id = orjson.loads(seen[0][2])["response"]["id"]
+    await db.execute("DELETE FROM response_events WHERE response_id = $1 AND seq BETWEEN 3 AND 6", response_id)
+    assert steno(stack, "audit", response_id).returncode == 1
+
+    restored = steno(stack, "audit", response_id, "--restore")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+                          response_id)
+    assert [tuple(r) for r in rows] == seen
+
+
 async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(stack, db, settings):
     """Publishes a response's stored batches again, as a redelivery would; the first one
     carries the parser seed as the worker sends it, after the response has finished."""
