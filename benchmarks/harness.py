@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -70,6 +71,12 @@ def answer_tokens(encoding, text: str) -> list[int]:
     """A final-channel answer as the model emits it after the prompt's ``<|start|>assistant``."""
     rendered = encoding.render(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
     return rendered[len(encoding.encode("<|start|>assistant", allowed_special="all")):]
+
+
+def yardstick_ms() -> float:
+    """A fixed piece of pure-Python work, timed (best of five): this shared machine's speed
+    drifts threefold between days, and figures from two runs compare only when this does."""
+    return min(timeit.repeat("sum(range(100000))", number=20, repeat=5)) / 20 * 1000
 
 
 def pct(values: list[float], q: float) -> float:
@@ -539,8 +546,9 @@ def chart(results: dict[str, Any], path: Path) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     scenarios = SCENARIOS if args.scenarios == "all" else args.scenarios.split(",")
-    results: dict[str, Any] = {"scenarios": scenarios, "machine": {"cpus": os.cpu_count()},
-                               "api_replicas": args.api_replicas}
+    machine = {"cpus": os.cpu_count(), "yardstick_ms": round(yardstick_ms(), 3)}
+    print(f"machine: {machine['cpus']} cores, yardstick {machine['yardstick_ms']} ms (sum(range(100000)), best of 5)")
+    results: dict[str, Any] = {"scenarios": scenarios, "machine": machine, "api_replicas": args.api_replicas}
     with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
         bench = Bench(Path(tmp), args.api_replicas)
         try:
@@ -565,6 +573,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                      args.vllm_max_tokens, args.vllm_rounds)
         finally:
             await bench.stop()
+    machine["yardstick_ms_after"] = round(yardstick_ms(), 3)
+    print(f"machine: yardstick {machine['yardstick_ms_after']} ms after the run")
     return results
 
 

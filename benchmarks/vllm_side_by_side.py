@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,13 @@ async def side_by_side(bench, work: Path, levels: list[int], max_tokens: int, ro
             await _wait_for_worker(http, steno_url, worker, max_tokens)
             await vllm_stream(http, vllm_url, completions)  # warm up
             for level in levels:
-                steno = await _rounds(lambda: steno_stream(http, steno_url, max_tokens), level, rounds)
-                served = await _rounds(lambda: vllm_stream(http, vllm_url, completions), level, rounds)
+                run_steno = partial(steno_stream, http, steno_url, max_tokens)
+                run_served = partial(vllm_stream, http, vllm_url, completions)
+                # One untimed round each at this concurrency first, as the ttfe scenario does.
+                await _rounds(run_steno, level, 1)
+                await _rounds(run_served, level, 1)
+                steno = await _rounds(run_steno, level, rounds)
+                served = await _rounds(run_served, level, rounds)
                 row = {"steno": steno, "vllm_serve": served,
                        "added_first_content_ms_p50": steno["first_content_ms_p50"] - served["first_content_ms_p50"],
                        "added_first_content_ms_p99": steno["first_content_ms_p99"] - served["first_content_ms_p99"],
