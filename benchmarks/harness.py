@@ -512,10 +512,11 @@ class Bench:
         return result
 
 
-def chart(results: dict[str, Any], path: Path) -> None:
+def chart(results: dict[str, Any], path: Path) -> bool:
+    """Draws the ttfe and throughput scenarios, if the run had either; says whether it drew."""
     panels = [k for k in ("ttfe", "throughput") if k in results]
     if not panels:
-        return
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
@@ -542,6 +543,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
         axis.grid(alpha=.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -601,5 +603,5 @@ def main(args: argparse.Namespace) -> None:
     results = asyncio.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    chart(results, args.out / "chart.png")
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'chart.png'}")
+    drawn = chart(results, args.out / "chart.png")
+    print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'chart.png'}" if drawn else ""))
