@@ -223,8 +223,8 @@ async def bench_engine(args, name: str, engine, sampling: SamplingParams, reques
 
 
 def start_vllm(args):
-    from services.worker.vllm_engine import VllmEngine, VllmOptions
     from infra.tiny_model import build_tiny_llama
+    from services.worker.vllm_engine import VllmEngine, VllmOptions
 
     model_path = args.model_path
     if not model_path:

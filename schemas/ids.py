@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-
 ORIGIN_CHARS = 8
 
 

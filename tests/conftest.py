@@ -11,10 +11,10 @@ import asyncpg
 import pytest
 
 from infra.embedded import Infrastructure, resolve
+from infra.processes import Stack, remove_namespace
 from services.common.config import Settings
 from services.common.db import asyncpg_dsn
 from services.common.migrate import ensure_database, upgrade
-from infra.processes import Stack, remove_namespace
 
 SLOW_MODEL = "steno-slow"
 

@@ -21,13 +21,13 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
-from nats.js.api import KeyValueConfig
 
 from schemas.ids import origin_of
 

@@ -12,8 +12,8 @@ from openai_harmony import HarmonyEncoding
 
 from schemas.bus import GenerationEnded, TokenBatch
 from schemas.events import LoggedEvent
-from services.parser.harmony import HarmonyStreamSplitter
 from schemas.responses import ParseContext
+from services.parser.harmony import HarmonyStreamSplitter
 from services.parser.response_builder import ResponseBuilder
 
 

@@ -21,12 +21,12 @@ from pydantic import ValidationError
 
 from schemas.bus import GenerationEnded, ParserSeed, TokenBatch, token_stream_message
 from schemas.events import CommittedEvents
+from schemas.responses import ParseContext
 from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
 from services.common.continuous_pull import ContinuousPull
-from services.parser.event_log import EventLog, ResponseWrite
 from services.common.group_commit import GroupCommitter
+from services.parser.event_log import EventLog, ResponseWrite
 from services.parser.leases import PartitionLeases
-from schemas.responses import ParseContext
 from services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)

@@ -28,12 +28,12 @@ import httpx
 import nats
 import orjson
 
+from infra.processes import Stack, wait_healthy
 from schemas.bus import TokenBatch
 from services.common.bus import Names
 from services.common.config import Settings
 from services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
-from infra.processes import Stack, wait_healthy
 
 FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison"]
 MODEL = "steno-fault"

@@ -8,8 +8,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.events_oracle import validate_response
 from infra.processes import service_env
+from tests.events_oracle import validate_response
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def plain(item) -> dict:
 
 def steno(stack, *args):
     return subprocess.run([sys.executable, "-m", "services.cli", *args], env=service_env(stack.settings),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db):

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import SLOW_MODEL
 from infra.processes import service_env
+from tests.conftest import SLOW_MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ from tests.events_oracle import validate_events, validate_response
 from tests.harmony_samples import assistant, completion, encoding
 from tests.parse_support import BASE, RID, batches, run
 
+
 def payloads(events):
     return [orjson.loads(e.payload) for e in events]
 

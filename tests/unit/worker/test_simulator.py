@@ -1,8 +1,8 @@
 import asyncio
 
+from schemas.api import CreateResponseRequest
 from schemas.bus import SamplingParams
 from services.api.render import render_prompt
-from schemas.api import CreateResponseRequest
 from services.parser.harmony import HarmonyStreamSplitter, MessageStarted, TextDelta
 from services.worker.simulator import SimulatorEngine, SimulatorTiming, completion_tokens, read_prompt
 from tests.harmony_samples import encoding
