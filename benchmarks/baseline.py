@@ -3,7 +3,7 @@ and no database, the way engine-embedded servers serve Responses. It renders the
 runs the simulator and folds its tokens through Steno's own pure parser, so the only
 difference from Steno is the pipeline (NATS, Postgres, separate processes).
 
-    python -m benchmarks.baseline --port 8190 [--sim-tokens-per-s 0]
+    python -m steno.benchmarks.baseline --port 8190 [--sim-tokens-per-s 0]
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from schemas.api import CreateResponseRequest
-from schemas.bus import GenerationEnded, SamplingParams, TokenBatch
-from schemas.ids import new_response_id
-from schemas.responses import ParseContext
-from services.api.response_plan import plan_response
-from services.common.harmony_vocab import harmony_encoding
-from services.common.runtime import freeze_startup_heap
-from services.edge import EventStreamResponse, frame
-from services.parser.response_state import ResponseState
-from services.worker.simulator import SimulatorEngine, SimulatorTiming
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import GenerationEnded, SamplingParams, TokenBatch
+from steno.schemas.ids import new_response_id
+from steno.schemas.responses import ParseContext
+from steno.services.api.response_plan import plan_response
+from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.common.runtime import freeze_startup_heap
+from steno.services.edge import EventStreamResponse, frame
+from steno.services.parser.response_state import ResponseState
+from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
 
 def create_app(timing: SimulatorTiming) -> FastAPI:

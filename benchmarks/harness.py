@@ -40,24 +40,24 @@ import nats
 import orjson
 from openai_harmony import Message, Role
 
-from benchmarks.sse_client import HttpError, SseClient
-from benchmarks.vllm_side_by_side import side_by_side
-from infra.embedded import free_port, resolve
-from infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
-from schemas.api import CreateResponseRequest
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.responses import ParseContext
-from services.api.response_plan import plan_response
-from services.api.store import ResponseStore
-from services.common.bus import Names, ensure_streams
-from services.common.config import Settings
-from services.common.harmony_vocab import harmony_encoding
-from services.common.migrate import ensure_database, upgrade
-from services.parser.event_log import EventLog, ResponseWrite
-from services.parser.response_state import ResponseState
-from services.worker.simulator import completion_tokens, read_prompt
+from steno.benchmarks.command import SCENARIOS
+from steno.benchmarks.sse_client import HttpError, SseClient
+from steno.benchmarks.vllm_side_by_side import side_by_side
+from steno.infra.embedded import free_port, resolve
+from steno.infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.responses import ParseContext
+from steno.services.api.response_plan import plan_response
+from steno.services.api.store import ResponseStore
+from steno.services.common.bus import Names, ensure_streams
+from steno.services.common.config import Settings
+from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.parser.event_log import EventLog, ResponseWrite
+from steno.services.parser.response_state import ResponseState
+from steno.services.worker.simulator import completion_tokens, read_prompt
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "vllm"]
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
 SLOW_MODEL = "steno-slow"
@@ -177,7 +177,7 @@ class Bench:
         for _ in range(self.api_replicas):
             self.stack.add_api()
         with open(self.work / "baseline.log", "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "benchmarks.baseline", "--port", str(self.baseline_port)],
+            process = subprocess.Popen([sys.executable, "-m", "steno.benchmarks.baseline", "--port", str(self.baseline_port)],
                                        stdout=log, stderr=subprocess.STDOUT)
         self.baseline = ServiceProcess("baseline", [], self.work / "baseline.log", process)
         await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", self.baseline)
@@ -578,25 +578,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     machine["yardstick_ms_after"] = round(yardstick_ms(), 3)
     print(f"machine: yardstick {machine['yardstick_ms_after']} ms after the run")
     return results
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--api-replicas", type=int, default=1,
-                        help="API processes; the ttfe and throughput streams are spread over them")
-    parser.add_argument("--ttfe-levels", default="1,16,128")
-    parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
-    parser.add_argument("--throughput-levels", default="8,32,128")
-    parser.add_argument("--seconds", type=float, default=8.0, help="per throughput level")
-    parser.add_argument("--parser-responses", type=int, default=400)
-    parser.add_argument("--parser-batch-tokens", type=int, default=4)
-    parser.add_argument("--fanout-clients", type=int, default=2000)
-    parser.add_argument("--replay-events", type=int, default=10_000)
-    parser.add_argument("--cancels", type=int, default=10)
-    parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
-    parser.add_argument("--vllm-max-tokens", type=int, default=64)
-    parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")
 
 
 def main(args: argparse.Namespace) -> None:

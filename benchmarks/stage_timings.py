@@ -3,7 +3,7 @@ an observer on the bus noting when each response was queued for a worker, when i
 first token batch was published and when its events were announced, beside the
 client's own times for ``response.created`` and the first content.
 
-    python -m benchmarks.stage_timings [--streams 16] [--rounds 30] [--nice parser=-10,worker=-5]
+    python -m steno.benchmarks.stage_timings [--streams 16] [--rounds 30] [--nice parser=-10,worker=-5]
 
 Prints, per step, the p10 / p50 / p90 of milliseconds after the burst was sent."""
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_clients
-from services.common.bus import connect
+from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_clients
+from steno.services.common.bus import connect
 
 STEPS = ("queued", "created", "batch", "announced", "content")
 

@@ -26,11 +26,11 @@ from typing import Any
 import httpx
 import orjson
 
-from infra.embedded import free_port
-from infra.processes import ServiceProcess, wait_healthy
-from schemas.api import CreateResponseRequest
-from services.api.response_plan import plan_response
-from services.common.harmony_vocab import harmony_encoding
+from steno.infra.embedded import free_port
+from steno.infra.processes import ServiceProcess, wait_healthy
+from steno.schemas.api import CreateResponseRequest
+from steno.services.api.response_plan import plan_response
+from steno.services.common.harmony_vocab import harmony_encoding
 
 MODEL = "steno-tiny"
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -54,7 +54,7 @@ def steno_body(max_tokens: int) -> dict[str, Any]:
 
 def completions_body(max_tokens: int) -> dict[str, Any]:
     """The same prompt token ids Steno renders, and the same grammar its worker applies."""
-    from services.worker.vllm_engine import harmony_json_tag
+    from steno.services.worker.vllm_engine import harmony_json_tag
 
     request = CreateResponseRequest.model_validate({k: v for k, v in steno_body(max_tokens).items() if k != "stream"})
     plan = plan_response(request, "resp_side_by_side", "bench", int(time.time()), harmony_encoding())
@@ -124,7 +124,7 @@ async def side_by_side(bench, work: Path, levels: list[int], max_tokens: int, ro
     except ImportError:
         print("vllm: vLLM is not importable here; run `infra/vllm-env run steno bench --scenarios vllm`", flush=True)
         return {"skipped": "vLLM not installed in this environment"}
-    from infra.tiny_model import build_harmony_tokenizer, build_tiny_llama
+    from steno.infra.tiny_model import build_harmony_tokenizer, build_tiny_llama
 
     model_dir = work / "tiny-model"
     model_dir.mkdir(exist_ok=True)

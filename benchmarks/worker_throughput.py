@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from schemas.api import CreateResponseRequest  # noqa: E402
-from schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message  # noqa: E402
-from services.api.render import render_prompt  # noqa: E402
-from services.common import bus  # noqa: E402
-from services.common.harmony_vocab import harmony_encoding  # noqa: E402
-from services.worker.worker import GenerationWorker  # noqa: E402
+from steno.schemas.api import CreateResponseRequest  # noqa: E402
+from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message  # noqa: E402
+from steno.services.api.render import render_prompt  # noqa: E402
+from steno.services.common import bus  # noqa: E402
+from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from steno.services.worker.worker import GenerationWorker  # noqa: E402
 
 MODEL = "bench"
 
@@ -223,8 +223,8 @@ async def bench_engine(args, name: str, engine, sampling: SamplingParams, reques
 
 
 def start_vllm(args):
-    from infra.tiny_model import build_tiny_llama
-    from services.worker.vllm_engine import VllmEngine, VllmOptions
+    from steno.infra.tiny_model import build_tiny_llama
+    from steno.services.worker.vllm_engine import VllmEngine, VllmOptions
 
     model_path = args.model_path
     if not model_path:
@@ -261,7 +261,7 @@ def print_table(results: list[Result], baseline: list[float]) -> None:
 
 
 async def main(args) -> None:
-    from services.worker.simulator import SimulatorEngine, SimulatorTiming
+    from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
     results: list[Result] = []
     baseline = await baseline_publish(args.nats_url)

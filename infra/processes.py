@@ -12,8 +12,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.embedded import free_port
-from services.common.config import Settings
+from steno.infra.embedded import free_port
+from steno.services.common.config import Settings
 
 
 def remove_namespace(settings: Settings) -> None:
@@ -22,8 +22,8 @@ def remove_namespace(settings: Settings) -> None:
 
     import nats
 
-    from services.common.bus import Names
-    from services.common.bus import remove_namespace as remove
+    from steno.services.common.bus import Names
+    from steno.services.common.bus import remove_namespace as remove
 
     async def run() -> None:
         nc = await nats.connect([s for s in settings.nats_url.split(",") if s])
@@ -59,7 +59,7 @@ class ServiceProcess:
     restarts: int = 0
 
     def start(self, env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "services.cli", *self.argv]
+        command = [sys.executable, "-m", "steno.services.cli", *self.argv]
         if self.log_path is None:
             self.process = subprocess.Popen(command, env=env)
             return
@@ -97,7 +97,7 @@ class Stack:
 
     def create_key(self, tenant: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "services.cli", "keys", "create", "--tenant", tenant],
+            [sys.executable, "-m", "steno.services.cli", "keys", "create", "--tenant", tenant],
             env=service_env(self.settings), capture_output=True, text=True, check=True,
         )
         self.keys[tenant] = done.stdout.strip().splitlines()[-1]

@@ -13,9 +13,9 @@ import signal
 import time
 from pathlib import Path
 
-from infra.embedded import resolve
-from infra.processes import ServiceProcess, wait_healthy
-from services.common.migrate import ensure_database, upgrade
+from steno.infra.embedded import resolve
+from steno.infra.processes import ServiceProcess, wait_healthy
+from steno.services.common.migrate import ensure_database, upgrade
 
 STOP_TIMEOUT_S = 15.0
 

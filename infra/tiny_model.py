@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from services.common.harmony_vocab import VOCAB_FILE, harmony_encoding
+from steno.services.common.harmony_vocab import VOCAB_FILE, harmony_encoding
 
 VOCAB_SIZE = 201088  # o200k_harmony: 199998 BPE ranks + special/reserved ids up to 201087
 FIRST_SPECIAL = 199998

@@ -8,8 +8,8 @@ import sys
 
 
 def _migrate(_: argparse.Namespace) -> None:
-    from services.common.config import Settings
-    from services.common.migrate import ensure_database, upgrade
+    from steno.services.common.config import Settings
+    from steno.services.common.migrate import ensure_database, upgrade
 
     url = Settings.from_env().database_url
     asyncio.run(ensure_database(url))
@@ -18,10 +18,10 @@ def _migrate(_: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
-    from services.common import db
-    from services.common.config import Settings
-    from services.common.harmony_vocab import harmony_encoding
-    from services.parser.audit import audit
+    from steno.services.common import db
+    from steno.services.common.config import Settings
+    from steno.services.common.harmony_vocab import harmony_encoding
+    from steno.services.parser.audit import audit
 
     async def run() -> bool:
         pool = await db.create_pool(Settings.from_env().database_url)
@@ -40,9 +40,9 @@ def _audit(args: argparse.Namespace) -> None:
 
 
 def _keys(args: argparse.Namespace) -> None:
-    from services.api import keys
-    from services.common import db
-    from services.common.config import Settings
+    from steno.services.api import keys
+    from steno.services.common import db
+    from steno.services.common.config import Settings
 
     async def run() -> int:
         pool = await db.create_pool(Settings.from_env().database_url)
@@ -68,10 +68,11 @@ def _keys(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from infra import stack
-    from services.api import main as api_main
-    from services.parser import main as parser_main
-    from services.worker import main as worker_main
+    from steno.benchmarks import command as bench_command
+    from steno.infra import stack
+    from steno.services.api import main as api_main
+    from steno.services.parser import main as parser_main
+    from steno.services.worker import main as worker_main
 
     parser = argparse.ArgumentParser(prog="steno", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -94,11 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     key_actions.add_parser("revoke", help="revoke a key").add_argument("key_id")
     key_actions.add_parser("list", help="list keys (never the keys themselves)")
     keys.set_defaults(run=_keys)
-    bench = commands.add_parser("bench", help="benchmark the pipeline against an in-process server")
-    from benchmarks import harness
-
-    harness.add_arguments(bench)
-    bench.set_defaults(run=harness.main)
+    bench = commands.add_parser("bench", help="benchmark the pipeline against an in-process server "
+                                "(needs the bench extra)")
+    bench_command.add_arguments(bench)
+    bench.set_defaults(run=bench_command.run)
     audit = commands.add_parser("audit", help="re-parse a response from its stored tokens and compare with its log")
     audit.add_argument("response_id")
     audit.add_argument("--restore", action="store_true", help="write back events missing from the log")

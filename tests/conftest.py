@@ -10,11 +10,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from infra.embedded import Infrastructure, resolve
-from infra.processes import Stack, remove_namespace
-from services.common.config import Settings
-from services.common.db import asyncpg_dsn
-from services.common.migrate import ensure_database, upgrade
+from steno.infra.embedded import Infrastructure, resolve
+from steno.infra.processes import Stack, remove_namespace
+from steno.services.common.config import Settings
+from steno.services.common.db import asyncpg_dsn
+from steno.services.common.migrate import ensure_database, upgrade
 
 SLOW_MODEL = "steno-slow"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openai_harmony import HarmonyEncoding, Message, Role
 
-from services.common.harmony_vocab import harmony_encoding
+from steno.services.common.harmony_vocab import harmony_encoding
 
 
 def encoding() -> HarmonyEncoding:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.responses import ParseContext
-from services.parser.response_state import ResponseState
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.responses import ParseContext
+from steno.services.parser.response_state import ResponseState
 from tests.harmony_samples import encoding
 
 RID = "resp_test"

@@ -15,9 +15,9 @@ from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from schemas.ids import new_origin
-from services.api.auth import Authenticator
-from services.api.errors import (
+from steno.schemas.ids import new_origin
+from steno.services.api.auth import Authenticator
+from steno.services.api.errors import (
     ApiError,
     api_error_handler,
     error_body,
@@ -25,15 +25,15 @@ from services.api.errors import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from services.api.keys import KeyResolver
-from services.api.routes import create_fast_path, router
-from services.api.store import ResponseStore
-from services.common import bus, db
-from services.common.config import Settings
-from services.common.harmony_vocab import harmony_encoding
-from services.common.kv_mirror import KvMirror
-from services.common.runtime import freeze_startup_heap
-from services.edge import EventReader, ResponseTail
+from steno.services.api.keys import KeyResolver
+from steno.services.api.routes import create_fast_path, router
+from steno.services.api.store import ResponseStore
+from steno.services.common import bus, db
+from steno.services.common.config import Settings
+from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.common.kv_mirror import KvMirror
+from steno.services.common.runtime import freeze_startup_heap
+from steno.services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
 

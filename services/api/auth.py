@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from services.api.errors import ApiError
-from services.api.keys import KeyResolver
+from steno.services.api.errors import ApiError
+from steno.services.api.keys import KeyResolver
 
 # The tenant of every request when authentication is explicitly disabled (dev mode).
 DEV_TENANT = "default"

@@ -6,8 +6,8 @@ import argparse
 
 import uvicorn
 
-from services.api.app import create_app
-from services.common.runtime import configure_logging
+from steno.services.api.app import create_app
+from steno.services.common.runtime import configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,8 +29,8 @@ from openai_harmony import (
     ToolDescription,
 )
 
-from schemas.api import CreateResponseRequest
-from schemas.responses import ParseContext
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.responses import ParseContext
 
 _EFFORTS = {
     "minimal": ReasoningEffort.LOW,

@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 from openai_harmony import HarmonyEncoding
 
-from schemas.api import CreateResponseRequest
-from schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
-from schemas.events import LoggedEvent
-from schemas.ids import derived_id
-from services.api.render import InvalidInput, render_prompt
-from services.api.store import NewResponse, StoredResponse
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
+from steno.schemas.events import LoggedEvent
+from steno.schemas.ids import derived_id
+from steno.services.api.render import InvalidInput, render_prompt
+from steno.services.api.store import NewResponse, StoredResponse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

@@ -17,17 +17,17 @@ from pydantic import ValidationError
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schemas.api import CreateResponseRequest
-from schemas.bus import CancelOrder
-from schemas.events import LoggedEvent
-from schemas.fold import fold
-from schemas.ids import new_response_id
-from services.api.errors import ApiError
-from services.api.render import InvalidInput
-from services.api.response_plan import history_items, plan_response
-from services.api.store import StoredResponse
-from services.common.bus import model_token
-from services.edge import KEEPALIVE_S, EventStreamResponse, LiveEvents, sse_body
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import CancelOrder
+from steno.schemas.events import LoggedEvent
+from steno.schemas.fold import fold
+from steno.schemas.ids import new_response_id
+from steno.services.api.errors import ApiError
+from steno.services.api.render import InvalidInput
+from steno.services.api.response_plan import history_items, plan_response
+from steno.services.api.store import StoredResponse
+from steno.services.common.bus import model_token
+from steno.services.edge import KEEPALIVE_S, EventStreamResponse, LiveEvents, sse_body
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import orjson
 
-from schemas.events import LoggedEvent
-from services.common.db import unnest_columns
-from services.common.group_commit import GroupCommitter
+from steno.schemas.events import LoggedEvent
+from steno.services.common.db import unnest_columns
+from steno.services.common.group_commit import GroupCommitter
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 

@@ -29,7 +29,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from schemas.ids import origin_of
+from steno.schemas.ids import origin_of
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ import asyncpg
 from alembic import command
 from alembic.config import Config
 
-from services.common.db import asyncpg_dsn
+from steno import migrations
+from steno.services.common.db import asyncpg_dsn
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
 async def ensure_database(url: str) -> None:

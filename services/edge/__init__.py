@@ -1,8 +1,8 @@
 """The SSE edge: replays a response's stored log and tails it live."""
 
-from services.edge.event_reader import EventReader
-from services.edge.sse import KEEPALIVE_S, SSE_HEADERS, EventStreamResponse, frame, sse_body
-from services.edge.tail import LiveEvents, ResponseTail
+from steno.services.edge.event_reader import EventReader
+from steno.services.edge.sse import KEEPALIVE_S, SSE_HEADERS, EventStreamResponse, frame, sse_body
+from steno.services.edge.tail import LiveEvents, ResponseTail
 
 __all__ = ["EventReader", "EventStreamResponse", "KEEPALIVE_S", "LiveEvents", "ResponseTail", "SSE_HEADERS", "frame",
            "sse_body"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from schemas.events import LoggedEvent
+from steno.schemas.events import LoggedEvent
 
 
 class EventReader:

@@ -12,7 +12,7 @@ from typing import AsyncGenerator, Callable
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from schemas.events import LoggedEvent
+from steno.schemas.events import LoggedEvent
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from schemas.events import CommittedEvents, LoggedEvent
-from schemas.ids import origin_of
-from services.edge.event_reader import EventReader
+from steno.schemas.events import CommittedEvents, LoggedEvent
+from steno.schemas.ids import origin_of
+from steno.services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
 # While NATS is connected and the response is silent, polling backs off to this, so

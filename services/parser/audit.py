@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import asyncpg
 from openai_harmony import HarmonyEncoding
 
-from schemas.events import LoggedEvent
-from schemas.responses import ParseContext
-from services.parser.event_log import EventLog, ResponseWrite
-from services.parser.response_state import ResponseState
+from steno.schemas.events import LoggedEvent
+from steno.schemas.responses import ParseContext
+from steno.services.parser.event_log import EventLog, ResponseWrite
+from steno.services.parser.response_state import ResponseState
 
 
 @dataclass(frozen=True)

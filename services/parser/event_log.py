@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import orjson
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.events import LoggedEvent
-from services.common.db import unnest_columns
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.events import LoggedEvent
+from steno.services.common.db import unnest_columns
 
 UNSTORED_GRACE = "5 minutes"
 

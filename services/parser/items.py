@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import orjson
 
-from schemas.ids import derived_id
-from schemas.responses import ParseContext
+from steno.schemas.ids import derived_id
+from steno.schemas.responses import ParseContext
 
 Emit = Callable[[str, dict[str, Any]], None]
 

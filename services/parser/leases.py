@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError, NoKeysError
 
-from services.common.bus import Names, kv_bucket
+from steno.services.common.bus import Names, kv_bucket
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ import os
 import secrets
 import socket
 
-from services.common import bus, db
-from services.common.config import Settings
-from services.common.harmony_vocab import harmony_encoding
-from services.common.runtime import configure_logging, run_until_signalled
-from services.parser.service import ParserService
+from steno.services.common import bus, db
+from steno.services.common.config import Settings
+from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.common.runtime import configure_logging, run_until_signalled
+from steno.services.parser.service import ParserService
 
 log = logging.getLogger(__name__)
 

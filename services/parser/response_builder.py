@@ -11,11 +11,11 @@ from typing import Any, Callable
 
 import orjson
 
-from schemas.bus import GenerationEnded
-from schemas.events import LoggedEvent
-from schemas.responses import ParseContext
-from services.parser.harmony import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
-from services.parser.items import MessageItem, OutputItem, classify
+from steno.schemas.bus import GenerationEnded
+from steno.schemas.events import LoggedEvent
+from steno.schemas.responses import ParseContext
+from steno.services.parser.harmony import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
+from steno.services.parser.items import MessageItem, OutputItem, classify
 
 TokenDecoder = Callable[[int], str]
 

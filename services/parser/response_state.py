@@ -10,11 +10,11 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.events import LoggedEvent
-from schemas.responses import ParseContext
-from services.parser.harmony import HarmonyStreamSplitter
-from services.parser.response_builder import ResponseBuilder
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.events import LoggedEvent
+from steno.schemas.responses import ParseContext
+from steno.services.parser.harmony import HarmonyStreamSplitter
+from steno.services.parser.response_builder import ResponseBuilder
 
 
 class OutOfOrder(Exception):

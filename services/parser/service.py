@@ -19,15 +19,15 @@ from nats.aio.msg import Msg
 from openai_harmony import HarmonyEncoding
 from pydantic import ValidationError
 
-from schemas.bus import GenerationEnded, ParserSeed, TokenBatch, token_stream_message
-from schemas.events import CommittedEvents
-from schemas.responses import ParseContext
-from services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
-from services.common.continuous_pull import ContinuousPull
-from services.common.group_commit import GroupCommitter
-from services.parser.event_log import EventLog, ResponseWrite
-from services.parser.leases import PartitionLeases
-from services.parser.response_state import OutOfOrder, ResponseState
+from steno.schemas.bus import GenerationEnded, ParserSeed, TokenBatch, token_stream_message
+from steno.schemas.events import CommittedEvents
+from steno.schemas.responses import ParseContext
+from steno.services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
+from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.group_commit import GroupCommitter
+from steno.services.parser.event_log import EventLog, ResponseWrite
+from steno.services.parser.leases import PartitionLeases
+from steno.services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
-from schemas.bus import FinishReason, SamplingParams
+from steno.schemas.bus import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

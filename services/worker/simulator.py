@@ -22,8 +22,8 @@ from typing import AsyncIterator, Sequence
 import orjson
 from openai_harmony import HarmonyEncoding, Message, Role
 
-from schemas.bus import SamplingParams
-from services.worker.engine import EngineError, EngineOutput
+from steno.schemas.bus import SamplingParams
+from steno.services.worker.engine import EngineError, EngineOutput
 
 START, END, MESSAGE, RETURN, CALL = "<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>"
 _TOOL_DECLARATION = re.compile(r"^type ([\w.-]+) = \((?:_: \{\n(.*?)\n\})?\) => any;", re.S | re.M)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
-from services.worker.engine import EngineOutput
+from steno.services.worker.engine import EngineOutput
 
 
 @dataclass

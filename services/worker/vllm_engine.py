@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Sequence
 
-from schemas.bus import FinishReason, SamplingParams, StructuredOutput
-from services.worker.engine import EngineDead, EngineError, EngineOutput
+from steno.schemas.bus import FinishReason, SamplingParams, StructuredOutput
+from steno.services.worker.engine import EngineDead, EngineError, EngineOutput
 
 log = logging.getLogger(__name__)
 

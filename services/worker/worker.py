@@ -17,8 +17,8 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
-from services.common.bus import (
+from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
+from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
@@ -28,11 +28,11 @@ from services.common.bus import (
     model_token,
     worker_registry,
 )
-from services.common.continuous_pull import ContinuousPull
-from services.common.kv_mirror import KvMirror
-from services.worker.engine import Engine, EngineError
-from services.worker.prior_output import PriorOutput, read_prior_output
-from services.worker.token_batcher import PendingBatch, coalesce
+from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.kv_mirror import KvMirror
+from steno.services.worker.engine import Engine, EngineError
+from steno.services.worker.prior_output import PriorOutput, read_prior_output
+from steno.services.worker.token_batcher import PendingBatch, coalesce
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pgserver
 from pgserver._commands import pg_ctl
 
-from infra.embedded import answers, free_port, nats_server_binary
+from steno.infra.embedded import answers, free_port, nats_server_binary
 
 
 class NatsNode:

@@ -28,11 +28,11 @@ import httpx
 import nats
 import orjson
 
-from infra.processes import Stack, wait_healthy
-from schemas.bus import TokenBatch
-from services.common.bus import Names
-from services.common.config import Settings
-from services.common.migrate import ensure_database, upgrade
+from steno.infra.processes import Stack, wait_healthy
+from steno.schemas.bus import TokenBatch
+from steno.services.common.bus import Names
+from steno.services.common.config import Settings
+from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
 FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison"]
@@ -155,7 +155,7 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
 
 
 def _env(stack: Stack) -> dict[str, str]:
-    from infra.processes import service_env
+    from steno.infra.processes import service_env
 
     return service_env(stack.settings)
 

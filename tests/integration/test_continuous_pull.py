@@ -9,8 +9,8 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from services.common.bus import durable_pull_config
-from services.common.continuous_pull import ContinuousPull
+from steno.services.common.bus import durable_pull_config
+from steno.services.common.continuous_pull import ContinuousPull
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ import dataclasses
 import openai
 import pytest
 
-from infra.processes import Stack, remove_namespace
+from steno.infra.processes import Stack, remove_namespace
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,11 @@ import asyncio
 import asyncpg
 import pytest
 
-from schemas.bus import TokenBatch
-from schemas.events import LoggedEvent
-from services.api.store import ResponseStore
-from services.common.db import asyncpg_dsn
-from services.parser.event_log import EventLog, ResponseWrite
+from steno.schemas.bus import TokenBatch
+from steno.schemas.events import LoggedEvent
+from steno.services.api.store import ResponseStore
+from steno.services.common.db import asyncpg_dsn
+from steno.services.parser.event_log import EventLog, ResponseWrite
 from tests.conftest import SLOW_MODEL
 
 pytestmark = pytest.mark.integration

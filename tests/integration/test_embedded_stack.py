@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 
-from infra.embedded import answers, free_port
+from steno.infra.embedded import answers, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ def test_steno_up_embedded_serves_the_sdk_and_stops_cleanly(tmp_path):
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", "--embedded", "--data-dir", str(tmp_path / "data"),
+            [sys.executable, "-m", "steno.services.cli", "up", "--embedded", "--data-dir", str(tmp_path / "data"),
              "--port", str(port), "--no-auth"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )

@@ -6,8 +6,8 @@ import secrets
 import nats
 import pytest
 
-from services.common.bus import kv_bucket
-from services.common.kv_mirror import KvMirror
+from steno.services.common.bus import kv_bucket
+from steno.services.common.kv_mirror import KvMirror
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from infra.processes import service_env
+from steno.infra.processes import service_env
 from tests.events_oracle import validate_response
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ def plain(item) -> dict:
 
 
 def steno(stack, *args):
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=service_env(stack.settings),
+    return subprocess.run([sys.executable, "-m", "steno.services.cli", *args], env=service_env(stack.settings),
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -63,7 +63,7 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
     carries the parser seed as the worker sends it, after the response has finished."""
     import nats
 
-    from services.common.bus import Names
+    from steno.services.common.bus import Names
 
     seen = stream_frames(stack, {"model": MODEL, "input": "once only"})
     response_id = orjson.loads(seen[0][2])["response"]["id"]
@@ -155,15 +155,15 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
     import asyncpg
     import nats
 
-    from schemas.api import CreateResponseRequest
-    from schemas.bus import GenerationEnded, TokenBatch
-    from schemas.responses import ParseContext
-    from services.api.response_plan import plan_response
-    from services.api.store import ResponseStore
-    from services.common.bus import Names
-    from services.common.harmony_vocab import harmony_encoding
-    from services.parser.response_state import ResponseState
-    from services.worker.simulator import completion_tokens, read_prompt
+    from steno.schemas.api import CreateResponseRequest
+    from steno.schemas.bus import GenerationEnded, TokenBatch
+    from steno.schemas.responses import ParseContext
+    from steno.services.api.response_plan import plan_response
+    from steno.services.api.store import ResponseStore
+    from steno.services.common.bus import Names
+    from steno.services.common.harmony_vocab import harmony_encoding
+    from steno.services.parser.response_state import ResponseState
+    from steno.services.worker.simulator import completion_tokens, read_prompt
 
     encoding = harmony_encoding()
     names = Names(settings.namespace, settings.token_partitions)

@@ -6,10 +6,10 @@ import asyncio
 import nats
 import pytest
 
-from schemas.events import CommittedEvents, LoggedEvent
-from schemas.ids import new_origin, new_response_id, origin_of
-from services.common.bus import Names
-from services.edge import ResponseTail
+from steno.schemas.events import CommittedEvents, LoggedEvent
+from steno.schemas.ids import new_origin, new_response_id, origin_of
+from steno.services.common.bus import Names
+from steno.services.edge import ResponseTail
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from infra.processes import service_env
+from steno.infra.processes import service_env
 from tests.conftest import SLOW_MODEL
 
 pytestmark = pytest.mark.integration
@@ -74,11 +74,11 @@ def test_revoked_key_stops_working(stack):
     key = stack.create_key("c")
     client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
     assert client.responses.create(model=MODEL, input="x").status == "completed"
-    listed = subprocess.run([sys.executable, "-m", "services.cli", "keys", "list"], env=service_env(stack.settings),
+    listed = subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "list"], env=service_env(stack.settings),
                             capture_output=True, text=True, check=True).stdout
     key_id = next(line.split()[0] for line in listed.splitlines() if "tenant=c " in line)
     assert key not in listed  # keys are stored hashed and never listed
-    subprocess.run([sys.executable, "-m", "services.cli", "keys", "revoke", key_id], env=service_env(stack.settings),
+    subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "revoke", key_id], env=service_env(stack.settings),
                    check=True, capture_output=True)
     deadline = time.monotonic() + 15
     while True:

@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from infra.processes import Stack, remove_namespace
+from steno.infra.processes import Stack, remove_namespace
 
 pytestmark = pytest.mark.integration
 

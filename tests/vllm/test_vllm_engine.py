@@ -17,12 +17,12 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from openai_harmony import Role  # noqa: E402
 
-from schemas.api import CreateResponseRequest  # noqa: E402
-from schemas.bus import SamplingParams, StructuredOutput  # noqa: E402
-from services.api.render import render_prompt  # noqa: E402
-from services.common.harmony_vocab import harmony_encoding  # noqa: E402
-from services.worker.engine import EngineError, EngineOutput  # noqa: E402
-from services.worker.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
+from steno.schemas.api import CreateResponseRequest  # noqa: E402
+from steno.schemas.bus import SamplingParams, StructuredOutput  # noqa: E402
+from steno.services.api.render import render_prompt  # noqa: E402
+from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from steno.services.worker.engine import EngineError, EngineOutput  # noqa: E402
+from steno.services.worker.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
 from tests.vllm.conftest import ENGINE_ARGS  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -181,7 +181,7 @@ async def test_prefix_cache_hits_are_reported_as_cached_tokens(engine):
 
 
 def test_the_grammar_uses_harmony_token_ids():
-    from services.worker import vllm_engine
+    from steno.services.worker import vllm_engine
 
     for name in ("CHANNEL", "MESSAGE", "END", "START", "CONSTRAIN"):
         assert getattr(vllm_engine, name) == token(f"<|{name.lower()}|>")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.common.harmony_vocab import harmony_encoding
-from services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs, harmony_json_tag
+from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs, harmony_json_tag
 
 SCHEMA = {
     "type": "object",
@@ -49,7 +49,7 @@ def matcher_for(tmp_path_factory):
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from infra.tiny_model import build_harmony_tokenizer
+    from steno.infra.tiny_model import build_harmony_tokenizer
 
     directory = build_harmony_tokenizer(tmp_path_factory.mktemp("harmony-tokenizer"))
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -128,7 +128,7 @@ def test_the_grammar_wants_special_tokens_not_their_spelling(matcher_for):
 
 @pytest.mark.vllm
 def test_the_whitespace_bound_holds_inside_json(matcher_for):
-    from services.worker.vllm_engine import json_format
+    from steno.services.worker.vllm_engine import json_format
 
     tag = {"type": "structural_tag", "format": json_format(SCHEMA, 2)}
     assert accepts(matcher_for(tag), encode('{ "color":  "red", "note": "x"}'))
@@ -140,9 +140,9 @@ def test_sampling_params_map_every_field(tmp_path):
     pytest.importorskip("vllm")
     from vllm.sampling_params import RequestOutputKind
 
-    from schemas.bus import SamplingParams, StructuredOutput
-    from services.worker.engine import EngineError
-    from services.worker.vllm_engine import VllmEngine, VllmOptions
+    from steno.schemas.bus import SamplingParams, StructuredOutput
+    from steno.services.worker.engine import EngineError
+    from steno.services.worker.vllm_engine import VllmEngine, VllmOptions
 
     engine = VllmEngine(None, VllmOptions(model_path="/nonexistent", tokenizer="/tok"))
     params = engine.sampling_params(

@@ -20,11 +20,11 @@ import pytest
 pytest.importorskip("vllm")
 psutil = pytest.importorskip("psutil")
 
-from schemas.api import CreateResponseRequest  # noqa: E402
-from schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, end_of, token_stream_message  # noqa: E402
-from services.api.response_plan import plan_response  # noqa: E402
-from services.common import bus  # noqa: E402
-from services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from steno.schemas.api import CreateResponseRequest  # noqa: E402
+from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, end_of, token_stream_message  # noqa: E402
+from steno.services.api.response_plan import plan_response  # noqa: E402
+from steno.services.common import bus  # noqa: E402
+from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
 from tests.vllm.conftest import ENGINE_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def nats_url(request) -> str:
     """STENO_NATS_URL, else NATS on the standard port, else the suite's (embedded) one."""
-    from infra.embedded import DEFAULT_NATS_URL, answers
+    from steno.infra.embedded import DEFAULT_NATS_URL, answers
 
     if os.environ.get("STENO_NATS_URL"):
         return os.environ["STENO_NATS_URL"]
@@ -110,7 +110,7 @@ def worker(tiny_weights_dir, nats_url, names, tmp_path_factory):
         "STENO_TOKEN_PARTITIONS": str(names.token_partitions),
     }
     argv = [
-        sys.executable, "-m", "services.cli", "worker", "--engine", "vllm", "--model", MODEL,
+        sys.executable, "-m", "steno.services.cli", "worker", "--engine", "vllm", "--model", MODEL,
         "--model-path", str(tiny_weights_dir), "--dtype", ENGINE_ARGS["dtype"],
         "--max-model-len", str(ENGINE_ARGS["max_model_len"]), "--enforce-eager",
         "--kv-cache-memory-bytes", str(ENGINE_ARGS["kv_cache_memory_bytes"]),

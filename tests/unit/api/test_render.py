@@ -1,7 +1,7 @@
 import pytest
 
-from schemas.api import CreateResponseRequest
-from services.api.render import InvalidInput, build_conversation, render_prompt
+from steno.schemas.api import CreateResponseRequest
+from steno.services.api.render import InvalidInput, build_conversation, render_prompt
 from tests.harmony_samples import encoding
 
 

@@ -1,6 +1,6 @@
 import asyncio
 
-from services.api.routes import CreateFastPath
+from steno.services.api.routes import CreateFastPath
 
 
 class Declared:

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.common.group_commit import GroupCommitter
+from steno.services.common.group_commit import GroupCommitter
 
 
 class RecordingLog:

@@ -1,7 +1,7 @@
 import asyncio
 
-from schemas.events import LoggedEvent
-from services.edge.sse import KEEPALIVE_COMMENT, EventStreamResponse, frame, sse_body
+from steno.schemas.events import LoggedEvent
+from steno.services.edge.sse import KEEPALIVE_COMMENT, EventStreamResponse, frame, sse_body
 
 
 def event(seq: int, type_: str = "response.output_text.delta") -> LoggedEvent:

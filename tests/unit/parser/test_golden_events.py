@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.responses import ParseContext
-from services.parser.response_state import ResponseState
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.responses import ParseContext
+from steno.services.parser.response_state import ResponseState
 from tests.harmony_samples import assistant, completion, encoding
 from tests.parse_support import BASE, RID, batches, random_sizes
 

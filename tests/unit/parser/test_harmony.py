@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.parser.harmony import HarmonyStreamSplitter, MalformedOutput, MessageEnded, MessageStarted, TextDelta
+from steno.services.parser.harmony import HarmonyStreamSplitter, MalformedOutput, MessageEnded, MessageStarted, TextDelta
 from tests.harmony_samples import assistant, completion, encoding
 
 

@@ -4,9 +4,9 @@ every event validates against the SDK, and the final snapshot says what was stre
 import orjson
 import pytest
 
-from schemas.fold import fold
-from schemas.responses import ParseContext
-from services.parser.items import unwrap_custom_input, web_search_action
+from steno.schemas.fold import fold
+from steno.schemas.responses import ParseContext
+from steno.services.parser.items import unwrap_custom_input, web_search_action
 from tests.events_oracle import validate_events, validate_response
 from tests.harmony_samples import assistant, completion
 from tests.parse_support import random_sizes, run

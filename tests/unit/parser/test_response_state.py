@@ -3,10 +3,10 @@ import random
 import orjson
 import pytest
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.fold import fold
-from schemas.responses import ParseContext
-from services.parser.response_state import OutOfOrder, ResponseState
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.fold import fold
+from steno.schemas.responses import ParseContext
+from steno.services.parser.response_state import OutOfOrder, ResponseState
 from tests.events_oracle import validate_events, validate_response
 from tests.harmony_samples import assistant, completion, encoding
 from tests.parse_support import BASE, RID, batches, run

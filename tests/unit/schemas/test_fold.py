@@ -2,10 +2,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.bus import GenerationEnded, TokenBatch
-from schemas.fold import fold
-from schemas.responses import ParseContext
-from services.parser.response_state import ResponseState
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.fold import fold
+from steno.schemas.responses import ParseContext
+from steno.services.parser.response_state import ResponseState
 from tests.harmony_samples import assistant, completion, encoding
 
 BASE = {"id": "resp_fold", "object": "response", "created_at": 1, "model": "m", "output": [],

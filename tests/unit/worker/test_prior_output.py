@@ -1,5 +1,5 @@
-from schemas.bus import GenerationEnded, TokenBatch
-from services.worker.prior_output import assemble
+from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.services.worker.prior_output import assemble
 
 
 def batch(attempt, number, tokens, resumed_after=None):

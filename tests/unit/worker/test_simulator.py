@@ -1,10 +1,10 @@
 import asyncio
 
-from schemas.api import CreateResponseRequest
-from schemas.bus import SamplingParams
-from services.api.render import render_prompt
-from services.parser.harmony import HarmonyStreamSplitter, MessageStarted, TextDelta
-from services.worker.simulator import SimulatorEngine, SimulatorTiming, completion_tokens, read_prompt
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import SamplingParams
+from steno.services.api.render import render_prompt
+from steno.services.parser.harmony import HarmonyStreamSplitter, MessageStarted, TextDelta
+from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming, completion_tokens, read_prompt
 from tests.harmony_samples import encoding
 
 

@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
-from services.worker.engine import EngineError, EngineOutput
-from services.worker.token_batcher import coalesce
+from steno.services.worker.engine import EngineError, EngineOutput
+from steno.services.worker.token_batcher import coalesce
 
 
 async def source(outputs, gap_s=0.0, fail=False):

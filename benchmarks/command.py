@@ -1,0 +1,45 @@
+"""The ``steno bench`` command: its options, and the run. The harness needs the ``bench``
+extra (an HTTP client, a plotting library), which a plain install of Steno does not
+have; it is imported only when a benchmark runs, and a missing piece is named."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "vllm"]
+EXTRA_HINT = "pip install 'steno[bench]'"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--api-replicas", type=int, default=1,
+                        help="API processes; the ttfe and throughput streams are spread over them")
+    parser.add_argument("--ttfe-levels", default="1,16,128")
+    parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
+    parser.add_argument("--throughput-levels", default="8,32,128")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per throughput level")
+    parser.add_argument("--parser-responses", type=int, default=400)
+    parser.add_argument("--parser-batch-tokens", type=int, default=4)
+    parser.add_argument("--fanout-clients", type=int, default=2000)
+    parser.add_argument("--replay-events", type=int, default=10_000)
+    parser.add_argument("--cancels", type=int, default=10)
+    parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
+    parser.add_argument("--vllm-max-tokens", type=int, default=64)
+    parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")
+
+
+def run(args: argparse.Namespace) -> None:
+    unknown = sorted(set(args.scenarios.split(",")) - set(SCENARIOS)) if args.scenarios != "all" else []
+    if unknown:
+        raise SystemExit(f"steno bench: unknown scenarios {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    try:
+        import httpx  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"steno bench needs the benchmark extra, which is not installed here "
+                         f"(no module named {exc.name!r}): {EXTRA_HINT}") from exc
+    from steno.benchmarks import harness
+
+    harness.main(args)
