@@ -20,7 +20,7 @@ from steno.schemas.bus import GenerationEnded, SamplingParams, TokenBatch
 from steno.schemas.ids import new_response_id
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
-from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.common.runtime import freeze_startup_heap
 from steno.services.edge import EventStreamResponse, frame
 from steno.services.parser.response_state import ResponseState
@@ -34,8 +34,8 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
         yield
 
     app = FastAPI(lifespan=lifespan)
-    encoding = harmony_encoding()
-    engine = SimulatorEngine(encoding, timing)
+    dialect = dialect_named(DEFAULT_DIALECT)
+    engine = SimulatorEngine(dialect, timing)
 
     @app.get("/health")
     async def health() -> dict:
@@ -44,9 +44,9 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
     @app.post("/v1/responses")
     async def create(body: CreateResponseRequest) -> EventStreamResponse:
         response_id = new_response_id()
-        plan = plan_response(body, response_id, "baseline", int(time.time()), encoding)
+        plan = plan_response(body, response_id, "baseline", int(time.time()), dialect)
         state = ResponseState(response_id, plan.record.base_snapshot,
-                              ParseContext.model_validate(plan.record.parse_context), encoding)
+                              ParseContext.model_validate(plan.record.parse_context))
         prompt = plan.generation.prompt_token_ids
 
         async def frames():

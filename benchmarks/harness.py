@@ -38,7 +38,6 @@ import asyncpg
 import httpx
 import nats
 import orjson
-from openai_harmony import Message, Role
 
 from steno.benchmarks.command import SCENARIOS
 from steno.benchmarks.sse_client import HttpError, SseClient
@@ -52,11 +51,11 @@ from steno.services.api.response_plan import plan_response
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, ensure_streams
 from steno.services.common.config import Settings
-from steno.services.common.harmony_vocab import harmony_encoding
 from steno.services.common.migrate import ensure_database, upgrade
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import ResponseState
-from steno.services.worker.simulator import completion_tokens, read_prompt
+from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
+from steno.services.worker.simulator import completion_tokens
 
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
@@ -65,12 +64,6 @@ CONTENT_EVENTS = (b"response.reasoning_text.delta", b"response.output_text.delta
 LONG_INPUT = " ".join(f"word{i}" for i in range(70))
 # ttfe: rounds in a row before the other side takes its turn.
 ROUNDS_PER_BLOCK = 10
-
-
-def answer_tokens(encoding, text: str) -> list[int]:
-    """A final-channel answer as the model emits it after the prompt's ``<|start|>assistant``."""
-    rendered = encoding.render(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
-    return rendered[len(encoding.encode("<|start|>assistant", allowed_special="all")):]
 
 
 def yardstick_ms() -> float:
@@ -347,7 +340,7 @@ class Bench:
         """Publishes every batch first, then lets a fresh parser (in its own namespace) drain them."""
         settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + "p"})
         names = Names.from_settings(settings)
-        encoding = harmony_encoding()
+        dialect = dialect_named(DEFAULT_DIALECT)
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)
         store = ResponseStore(pool)
         nc = await nats.connect(settings.nats_url)
@@ -357,9 +350,9 @@ class Bench:
         ids = []
         for i in range(responses):
             request = CreateResponseRequest(model=MODEL, input=f"{i} {LONG_INPUT}", background=True)
-            plan = plan_response(request, f"resp_bench{settings.namespace}{i:06d}", "bench", 1_700_000_000, encoding)
+            plan = plan_response(request, f"resp_bench{settings.namespace}{i:06d}", "bench", 1_700_000_000, dialect)
             await store.create(plan.record, plan.first_events)
-            tokens = completion_tokens(encoding, read_prompt(encoding, plan.generation.prompt_token_ids))
+            tokens = completion_tokens(dialect, plan.generation.prompt_token_ids)
             rid = plan.record.response_id
             ids.append(rid)
             batch_no = 0
@@ -441,15 +434,15 @@ class Bench:
 
     async def replay(self, events_wanted: int) -> dict[str, Any]:
         """A finished response of ``events_wanted`` events (one token per batch), replayed."""
-        encoding = harmony_encoding()
+        dialect = dialect_named(DEFAULT_DIALECT)
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
         words = " ".join(f"w{i}" for i in range(events_wanted))
         request = CreateResponseRequest(model=MODEL, input="replay")
         rid = "resp_replay" + secrets.token_hex(8)
-        plan = plan_response(request, rid, "default", 1_700_000_000, encoding)
+        plan = plan_response(request, rid, "default", 1_700_000_000, dialect)
         await ResponseStore(pool).create(plan.record, plan.first_events)
-        tokens = answer_tokens(encoding, words)[: events_wanted - 8]
-        state = ResponseState(rid, plan.record.base_snapshot, ParseContext(), encoding)
+        tokens = dialect.write_completion([CompletionMessage("final", words)])[: events_wanted - 8]
+        state = ResponseState(rid, plan.record.base_snapshot, ParseContext())
         write = ResponseWrite(rid)
         for i, token in enumerate(tokens):
             applied = state.apply_batch(TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token]))

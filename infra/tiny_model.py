@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the weights are random (seeded, so a build is reproducible) and
 the tokenizer is converted from the o200k vocabulary Steno already ships (see
-services/common/harmony_vocab.py) with the Harmony special tokens added, so every token
+services/dialects/harmony/vocabulary.py) with the Harmony special tokens added, so every token
 id means what openai-harmony says it means. The model only exercises plumbing: its
 output is random tokens, never language.
 
@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from steno.services.common.harmony_vocab import VOCAB_FILE, harmony_encoding
+from steno.services.dialects.harmony.vocabulary import VOCAB_FILE, harmony_encoding
 
 VOCAB_SIZE = 201088  # o200k_harmony: 199998 BPE ranks + special/reserved ids up to 201087
 FIRST_SPECIAL = 199998

@@ -3,7 +3,9 @@ consumer can refuse (visibly) what it does not understand instead of misreading 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from dataclasses import dataclass
+from enum import Enum
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -89,13 +91,63 @@ class TokenBatch(BaseModel):
     ended: GenerationEnded | None = None
 
 
-TokenStreamMessage = Annotated[Union[TokenBatch, GenerationEnded], Field(discriminator="kind")]
-token_stream_message = TypeAdapter(TokenStreamMessage)
+# What a response's token subject carries.
+TokenStreamMessage = TokenBatch | GenerationEnded
+token_stream_message: TypeAdapter[TokenStreamMessage] = TypeAdapter(
+    Annotated[TokenStreamMessage, Field(discriminator="kind")]
+)
 
 
-def end_of(message: TokenBatch | GenerationEnded) -> GenerationEnded | None:
+def end_of(message: TokenStreamMessage) -> GenerationEnded | None:
     """The attempt's end that a token stream message carries, if it carries one."""
     return message if isinstance(message, GenerationEnded) else message.ended
+
+
+class Placement(Enum):
+    NEXT = "next"
+    # Seen before (a redelivery): nothing to do.
+    DUPLICATE = "duplicate"
+    # A message it follows has not come yet.
+    AHEAD = "ahead"
+    # A later attempt that does not continue after every token published before it (a
+    # worker that was thought dead published more after the takeover read the stream).
+    DIVERGED = "diverged"
+
+
+@dataclass
+class TokenStreamOrder:
+    """Where a response's token stream stands, and the one rule for what may come next,
+    which the parser and a worker taking a request over both follow: messages apply in
+    strictly increasing (attempt, batch number) order, a batch's end counting as the
+    attempt's next number; a later attempt starts again at 0 and continues after every
+    token before it; nothing applies after an end."""
+
+    attempt: int = 0
+    next_batch_no: int = 0
+    output_tokens: int = 0
+    ended: bool = False
+
+    def place(self, message: TokenStreamMessage) -> Placement:
+        number = message.batch_no if isinstance(message, TokenBatch) else message.batch_count
+        if self.ended or (message.attempt, number) < (self.attempt, self.next_batch_no):
+            return Placement.DUPLICATE
+        if message.attempt == self.attempt and number == self.next_batch_no:
+            return Placement.NEXT
+        if message.attempt > self.attempt and number == 0:
+            resumed = message.resumed_after if isinstance(message, TokenBatch) else None
+            return Placement.NEXT if resumed in (None, self.output_tokens) else Placement.DIVERGED
+        return Placement.AHEAD
+
+    def advance(self, message: TokenStreamMessage) -> None:
+        """Moves past ``message``, which was placed next (a batch's own end is a step of
+        its own)."""
+        if message.attempt != self.attempt:
+            self.attempt, self.next_batch_no = message.attempt, 0
+        if isinstance(message, GenerationEnded):
+            self.ended = True
+        else:
+            self.next_batch_no += 1
+            self.output_tokens += len(message.token_ids)
 
 
 class CancelOrder(BaseModel):
@@ -103,3 +155,13 @@ class CancelOrder(BaseModel):
 
     v: Literal[1] = 1
     response_id: str
+
+
+class WorkerRegistration(BaseModel):
+    """The value of a model's key in the worker registry, refreshed by every worker that
+    serves the model: the API renders that model's requests in ``dialect``."""
+
+    v: Literal[1] = 1
+    model: str
+    engine: str
+    dialect: str

@@ -1,4 +1,6 @@
-"""Stored and live forms of Responses stream events.
+"""Responses stream events: their names, their stored and live forms, and every
+lifecycle and failure event, built here and nowhere else (the API, the parser and the
+edge all end streams with these).
 
 The payload of an event is the exact JSON text sent to clients (an ``openai`` SDK
 ``ResponseStreamEvent``, sequence number included); it is stored verbatim so a replay
@@ -6,13 +8,49 @@ is byte-identical to the live stream."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
+import orjson
 from pydantic import BaseModel
 
 # A cancelled response ends in ``response.completed`` carrying status "cancelled", as the
 # SDK has no event of its own for it (TensorRT-LLM does the same).
-TERMINAL_EVENT_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
+TerminalEventType = Literal["response.completed", "response.incomplete", "response.failed"]
+# Events that carry the whole Response (``response``); the last one is terminal.
+LifecycleEventType = Literal["response.created", "response.in_progress", TerminalEventType]
+# Every event type Steno sends (each is a ``type`` of the SDK's ResponseStreamEvent).
+EventType = Literal[
+    LifecycleEventType,
+    "error",
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.custom_tool_call_input.delta",
+    "response.custom_tool_call_input.done",
+    "response.code_interpreter_call.in_progress",
+    "response.code_interpreter_call.interpreting",
+    "response.code_interpreter_call.completed",
+    "response.code_interpreter_call_code.delta",
+    "response.code_interpreter_call_code.done",
+    "response.mcp_call.in_progress",
+    "response.mcp_call.completed",
+    "response.mcp_call.failed",
+    "response.mcp_call_arguments.delta",
+    "response.mcp_call_arguments.done",
+    "response.web_search_call.in_progress",
+    "response.web_search_call.searching",
+    "response.web_search_call.completed",
+]
+EVENT_TYPES: frozenset[str] = frozenset(get_args(EventType))
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(get_args(TerminalEventType))
+LIFECYCLE_EVENT_TYPES: frozenset[str] = frozenset(get_args(LifecycleEventType))
 
 
 class LoggedEvent(BaseModel):
@@ -28,9 +66,37 @@ class LoggedEvent(BaseModel):
 
 
 class CommittedEvents(BaseModel):
-    """Published on core NATS (``<ns>.events.<response_id>``) right after the events
-    are committed to Postgres, for live tails. Sequence numbers are contiguous."""
+    """Published on core NATS (``<ns>.events.<origin>.<response_id>``) right after the
+    events are committed to Postgres, for live tails. Sequence numbers are contiguous."""
 
     v: Literal[1] = 1
     response_id: str
     events: list[LoggedEvent]
+
+
+def logged_event(seq: int, type_: EventType, body: dict[str, Any]) -> LoggedEvent:
+    """The event as stored and sent: ``type`` and ``sequence_number`` first, then ``body``."""
+    payload = orjson.dumps({"type": type_, "sequence_number": seq, **body}).decode()
+    return LoggedEvent(seq=seq, type=type_, payload=payload)
+
+
+def lifecycle_event(seq: int, type_: LifecycleEventType, snapshot: dict[str, Any]) -> LoggedEvent:
+    """``response.created`` (seq 0), ``response.in_progress`` or a terminal event."""
+    return logged_event(seq, type_, {"response": snapshot})
+
+
+def created_event(snapshot: dict[str, Any]) -> LoggedEvent:
+    return lifecycle_event(0, "response.created", snapshot)
+
+
+def failure_events(
+    first_seq: int, snapshot: dict[str, Any], message: str, *, code: str = "server_error",
+    event_code: str | None = None, **fields: Any,
+) -> tuple[list[LoggedEvent], dict[str, Any]]:
+    """How a stream ends that cannot finish: ``error`` then ``response.failed`` with the
+    response failed (``code``, one of the SDK's ResponseError codes, on the response,
+    with ``fields``; ``event_code``, if given, on the error event). Returns the events
+    and the failed snapshot."""
+    failed = {**snapshot, "status": "failed", "error": {"code": code, "message": message}, **fields}
+    error = logged_event(first_seq, "error", {"code": event_code or code, "message": message, "param": None})
+    return [error, lifecycle_event(first_seq + 1, "response.failed", failed)], failed

@@ -9,24 +9,18 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterable
 
-_LIFECYCLE = {
-    "response.created",
-    "response.queued",
-    "response.in_progress",
-    "response.completed",
-    "response.incomplete",
-    "response.failed",
-}
-_TEXT_DELTAS = {"response.output_text.delta", "response.reasoning_text.delta"}
-_TEXT_DONES = {"response.output_text.done", "response.reasoning_text.done"}
+from steno.schemas.events import LIFECYCLE_EVENT_TYPES, EventType
+
+_TEXT_DELTAS: frozenset[EventType] = frozenset({"response.output_text.delta", "response.reasoning_text.delta"})
+_TEXT_DONES: frozenset[EventType] = frozenset({"response.output_text.done", "response.reasoning_text.done"})
 # Deltas and dones of the single text field of tool call items.
-_FIELD_DELTAS = {
+_FIELD_DELTAS: dict[EventType, str] = {
     "response.function_call_arguments.delta": "arguments",
     "response.mcp_call_arguments.delta": "arguments",
     "response.code_interpreter_call_code.delta": "code",
     "response.custom_tool_call_input.delta": "input",
 }
-_FIELD_DONES = {
+_FIELD_DONES: dict[EventType, str] = {
     "response.function_call_arguments.done": "arguments",
     "response.mcp_call_arguments.done": "arguments",
     "response.code_interpreter_call_code.done": "code",
@@ -39,7 +33,7 @@ def fold(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     output: list[dict[str, Any]] = []
     for event in events:
         kind = event["type"]
-        if kind in _LIFECYCLE:
+        if kind in LIFECYCLE_EVENT_TYPES:
             snapshot = {key: value for key, value in event["response"].items() if key != "output"}
         elif kind in ("response.output_item.added", "response.output_item.done"):
             item = copy.deepcopy(event["item"])

@@ -17,3 +17,6 @@ class ParseContext(BaseModel):
     # Qualified names of custom (freeform) tools among them.
     custom_tools: list[str] = []
     namespaces: list[str] = []
+    # The model's format (``services/dialects``); contexts recorded before there was a
+    # choice are Harmony's.
+    dialect: str = "harmony"

@@ -20,13 +20,12 @@ def _migrate(_: argparse.Namespace) -> None:
 def _audit(args: argparse.Namespace) -> None:
     from steno.services.common import db
     from steno.services.common.config import Settings
-    from steno.services.common.harmony_vocab import harmony_encoding
     from steno.services.parser.audit import audit
 
     async def run() -> bool:
         pool = await db.create_pool(Settings.from_env().database_url)
         try:
-            result = await audit(pool, harmony_encoding(), args.response_id, restore=args.restore)
+            result = await audit(pool, args.response_id, restore=args.restore)
         finally:
             await pool.close()
         if result.identical:

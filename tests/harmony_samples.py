@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from openai_harmony import HarmonyEncoding, Message, Role
 
-from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services.dialects import dialect_named
+from steno.services.dialects.harmony import HarmonyDialect
+
+
+def harmony() -> HarmonyDialect:
+    dialect = dialect_named("harmony")
+    assert isinstance(dialect, HarmonyDialect)
+    return dialect
 
 
 def encoding() -> HarmonyEncoding:
-    return harmony_encoding()
+    return harmony().encoding
 
 
 def completion(messages: list[Message], *, end: str = "<|return|>") -> list[int]:

@@ -42,7 +42,7 @@ def random_sizes(seed: int, count: int, largest: int = 7) -> list[int]:
 
 
 def run(tokens, sizes, finish="stop", context=ParseContext(), logprobs=False):
-    state = ResponseState(RID, BASE, context, encoding())
+    state = ResponseState(RID, BASE, context)
     events = []
     sent = batches(tokens, sizes)
     for batch in sent:

@@ -1,11 +1,12 @@
-"""The HTTP app: shared services opened in the lifespan, errors in OpenAI's shape,
-request size limit, and the routes of ``routes.py``."""
+"""The HTTP app: the Responses service opened in the lifespan, errors in OpenAI's
+shape, the request size limit, and the routes of ``routes.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import AsyncIterator
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -16,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from steno.schemas.ids import new_origin
+from steno.services import dialects
 from steno.services.api.auth import Authenticator
 from steno.services.api.errors import (
     ApiError,
@@ -26,11 +28,12 @@ from steno.services.api.errors import (
     validation_error_handler,
 )
 from steno.services.api.keys import KeyResolver
+from steno.services.api.models import ModelDirectory
+from steno.services.api.responses import ResponsesService
 from steno.services.api.routes import create_fast_path, router
 from steno.services.api.store import ResponseStore
 from steno.services.common import bus, db
 from steno.services.common.config import Settings
-from steno.services.common.harmony_vocab import harmony_encoding
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.runtime import freeze_startup_heap
 from steno.services.edge import EventReader, ResponseTail
@@ -40,46 +43,65 @@ log = logging.getLogger(__name__)
 PURGE_EVERY_S = 30.0
 
 
-class Services:
-    """What the routes share, opened in the app's lifespan."""
+class Api:
+    """What the routes share, opened in the app's lifespan: the Responses service and
+    who is calling, over one NATS connection and one Postgres pool."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.names = bus.Names.from_settings(settings)
-
-    async def open(self) -> None:
-        self.encoding = await asyncio.to_thread(harmony_encoding)
-        self.nc = await bus.connect(self.settings.nats_url, "steno-api")
-        self.js = self.nc.jetstream()
-        await bus.ensure_streams(self.js, self.names)
-        self.cancel_flags = await bus.cancel_flags(self.js, self.names)
-        self.workers = KvMirror(await bus.worker_registry(self.js, self.names), self.names.workers_bucket,
-                                bus.WORKER_REGISTRATION_TTL_S)
-        await self.workers.start()
-        self.pool = await db.create_pool(self.settings.database_url, max_size=20)
-        self.store = ResponseStore(self.pool)
-        self.reader = EventReader(self.pool)
-        # The ids this process makes carry it, so their events come on one subscription.
-        self.origin = new_origin()
-        self.tail = ResponseTail(self.nc, self.reader, self.names.events_subject, self.origin,
-                                 self.names.origin_events(self.origin))
-        await self.tail.start()
-        self.authenticate = Authenticator(None if self.settings.auth_disabled else KeyResolver(self.pool))
+    def __init__(self, responses: ResponsesService, authenticate: Authenticator, store: ResponseStore,
+                 resources: AsyncExitStack) -> None:
+        self.responses = responses
+        self.authenticate = authenticate
+        self._store = store
+        self._resources = resources
         self._purger = asyncio.create_task(self._purge_expired())
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Api:
+        names = bus.Names.from_settings(settings)
+        resources = AsyncExitStack()
+        try:
+            await asyncio.to_thread(dialects.load_all)
+            nc = await bus.connect(settings.nats_url, "steno-api")
+            resources.push_async_callback(nc.close)
+            js = nc.jetstream()
+            await bus.ensure_streams(js, names)
+            workers = KvMirror(await bus.worker_registry(js, names), names.workers_bucket,
+                               bus.WORKER_REGISTRATION_TTL_S)
+            await workers.start()
+            resources.push_async_callback(workers.stop)
+            pool = await db.create_pool(settings.database_url, max_size=20)
+            resources.push_async_callback(pool.close)
+            reader = EventReader(pool)
+            # The ids this process makes carry it, so their events come on one subscription.
+            origin = new_origin()
+            tail = ResponseTail(nc, reader, names.events_subject, origin, names.origin_events(origin))
+            await tail.start()
+            resources.push_async_callback(tail.stop)
+            store = ResponseStore(pool)
+            responses = ResponsesService(
+                names=names, js=js, store=store, reader=reader, tail=tail,
+                models=ModelDirectory(workers, settings.model_wait_s),
+                cancel_flags=await bus.cancel_flags(js, names), origin=origin,
+            )
+        except BaseException:
+            await resources.aclose()
+            raise
+        authenticate = Authenticator(None if settings.auth_disabled else KeyResolver(pool))
+        return cls(responses, authenticate, store, resources)
 
     async def _purge_expired(self) -> None:
         """Deletes what must not outlive its stream (responses created with store=false)."""
         while True:
             await asyncio.sleep(PURGE_EVERY_S)
-            with suppress(Exception):
-                await self.store.purge_expired()
+            try:
+                await self._store.purge_expired()
+            except Exception:
+                log.warning("purging expired responses failed; trying again in %.0f s", PURGE_EVERY_S, exc_info=True)
 
     async def close(self) -> None:
         self._purger.cancel()
-        await self.workers.stop()
-        await self.tail.stop()
-        await self.nc.close()
-        await self.pool.close()
+        await asyncio.gather(self._purger, return_exceptions=True)
+        await self._resources.aclose()
 
 
 class BodySizeLimit:
@@ -129,17 +151,17 @@ async def unavailable_handler(_: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    services = Services(settings or Settings.from_env())
+    settings = settings or Settings.from_env()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await services.open()
-        app.state.services = services
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        api = await Api.open(settings)
+        app.state.api = api
         freeze_startup_heap()
         try:
             yield
         finally:
-            await services.close()
+            await api.close()
 
     app = FastAPI(title="Steno", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(ApiError, api_error_handler)
@@ -149,7 +171,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                         asyncpg.CannotConnectNowError, asyncio.TimeoutError, NatsError):
         app.add_exception_handler(unavailable, unavailable_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    app.add_middleware(BodySizeLimit, limit=services.settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.include_router(router)
     app.router.routes.insert(0, create_fast_path())
     return app

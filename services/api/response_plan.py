@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
-from openai_harmony import HarmonyEncoding
+from typing import Any, Sequence
 
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
-from steno.schemas.events import LoggedEvent
+from steno.schemas.events import LoggedEvent, created_event
 from steno.schemas.ids import derived_id
-from steno.services.api.render import InvalidInput, render_prompt
 from steno.services.api.store import NewResponse, StoredResponse
+from steno.services.dialects import Dialect, InvalidInput
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -51,15 +48,6 @@ def _structured_output(request: CreateResponseRequest) -> StructuredOutput | Non
             raise InvalidInput("text.format of type json_schema needs a schema object", "text.format.schema")
         return StructuredOutput(kind="json_schema", json_schema=fmt["schema"])
     raise InvalidInput(f"unsupported text.format type {fmt['type']!r}", "text.format.type")
-
-
-def _stop_tokens(encoding: HarmonyEncoding) -> list[int]:
-    if encoding.name not in _STOP_TOKENS:
-        _STOP_TOKENS[encoding.name] = tuple(encoding.stop_tokens_for_assistant_actions())
-    return list(_STOP_TOKENS[encoding.name])
-
-
-_STOP_TOKENS: dict[str, tuple[int, ...]] = {}
 
 
 def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
@@ -112,12 +100,14 @@ def plan_response(
     response_id: str,
     tenant_id: str,
     created_at: int,
-    encoding: HarmonyEncoding,
-    history: list[dict[str, Any]] = (),
+    dialect: Dialect,
+    history: Sequence[dict[str, Any]] = (),
 ) -> ResponsePlan:
+    """Raises InvalidInput for a request the model's dialect cannot render."""
     include = set(request.include or [])
     wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
-    prompt = render_prompt(encoding, request, created_at, include_logprobs=wants_logprobs, history=history)
+    prompt = dialect.render(request, created_at, history)
+    parse_context = prompt.parse_context.model_copy(update={"include_logprobs": wants_logprobs})
     status = "queued" if request.background else "in_progress"
     snapshot = base_snapshot(request, response_id, created_at, status)
     sampling = SamplingParams(
@@ -126,10 +116,9 @@ def plan_response(
         top_p=request.top_p,
         top_logprobs=(request.top_logprobs or 0) if wants_logprobs else None,
         seed=request.seed,
-        stop_token_ids=_stop_tokens(encoding),
+        stop_token_ids=prompt.stop_token_ids,
         structured_output=_structured_output(request),
     )
-    created = {"type": "response.created", "sequence_number": 0, "response": snapshot}
     record = NewResponse(
         response_id=response_id,
         tenant_id=tenant_id,
@@ -139,13 +128,13 @@ def plan_response(
         store=request.store,
         previous_response_id=request.previous_response_id,
         request=request.model_dump(mode="json", exclude_none=True),
-        parse_context=prompt.parse_context.model_dump(),
+        parse_context=parse_context.model_dump(),
         base_snapshot=snapshot,
         input_items=_input_items(request, response_id),
     )
     return ResponsePlan(
         record=record,
-        first_events=[LoggedEvent(seq=0, type="response.created", payload=orjson.dumps(created).decode())],
+        first_events=[created_event(snapshot)],
         generation=GenerationRequest(
             response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling,
             parser_seed=ParserSeed(base_snapshot=snapshot, parse_context=record.parse_context),

@@ -3,7 +3,7 @@ stored instead of one fetch round trip (and an expiry notice) per wake-up.
 
 nats-py's ``fetch`` sends a new request each call; while a partition sees a message every
 few milliseconds, those requests and their 408 replies outnumbered the token messages
-themselves (``steno bench``). Here one request for ``batch`` messages stays open for
+themselves (docs/performance.md). Here one request for ``batch`` messages stays open for
 ``expires_s``; a new one goes out when it is used up, expires, or the server ends it.
 JetStream drops a request whose inbox lost its subscriber (a holder that stopped or
 died) when it next has a message for it, so a partition changes hands at once. A

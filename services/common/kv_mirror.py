@@ -34,8 +34,8 @@ class KvMirror:
         self._name = name
         self._forget_after_s = forget_after_s
         self._on_put = on_put
-        # key -> monotonic time of its latest put, oldest first
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        # key -> (monotonic time of its latest put, its value), oldest first
+        self._seen: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -58,8 +58,13 @@ class KvMirror:
         seen = self._seen.get(key)
         if seen is None:
             return None
-        age = time.monotonic() - seen
+        age = time.monotonic() - seen[0]
         return age if age < self._forget_after_s else None
+
+    def get(self, key: str) -> bytes | None:
+        """The latest value of ``key``, or None if it is not in the bucket."""
+        seen = self._seen.get(key)
+        return seen[1] if seen is not None and key in self else None
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Waits until ``predicate()`` holds after some change, at most ``timeout_s``."""
@@ -75,13 +80,13 @@ class KvMirror:
                 return predicate()
         return True
 
-    async def confirm(self, key: str) -> bool:
-        """Reads ``key`` from the bucket itself (one round trip)."""
+    async def fetch(self, key: str) -> bytes | None:
+        """Reads ``key`` from the bucket itself (one round trip); None if it is not there."""
         try:
-            await self._kv.get(key)
+            entry = await self._kv.get(key)
         except KeyNotFoundError:
-            return False
-        return True
+            return None
+        return entry.value or b""
 
     async def _follow(self, loaded: asyncio.Future) -> None:
         while True:
@@ -130,7 +135,7 @@ class KvMirror:
         if operation in (KV_DEL, KV_PURGE):
             self._changed.set()
             return
-        self._seen[key] = time.monotonic() - age_s
+        self._seen[key] = (time.monotonic() - age_s, value or b"")
         self._forget_expired()
         self._changed.set()
         if self._on_put is not None and key in self:
@@ -142,7 +147,7 @@ class KvMirror:
     def _forget_expired(self) -> None:
         horizon = time.monotonic() - self._forget_after_s
         while self._seen:
-            key, seen = next(iter(self._seen.items()))
+            key, (seen, _) = next(iter(self._seen.items()))
             if seen >= horizon:
                 break
             del self._seen[key]

@@ -20,9 +20,9 @@ def configure_logging(service: str) -> None:
 def freeze_startup_heap() -> None:
     """Moves everything alive after start-up (modules, pydantic and SDK types, the app)
     out of the collector's sight. Without this, each full collection walks those
-    hundreds of thousands of objects: a 70-80 ms pause in the API and the parser, which
-    is what the slowest streams of a burst waited for (``steno bench``). Call it once
-    the service is set up."""
+    hundreds of thousands of objects, a pause in the API and the parser that the slowest
+    streams of a burst waited for (docs/performance.md). Call it once the service is set
+    up."""
     gc.collect()
     gc.freeze()
 
@@ -44,7 +44,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop where it is installed (the API's uvicorn uses it too): the parser and the
-    worker spend about a tenth less CPU per request with it (``steno bench``)."""
+    worker spend less CPU per request with it (docs/performance.md)."""
     try:
         import uvloop
     except ImportError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import asyncpg
-from openai_harmony import HarmonyEncoding
 
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
@@ -35,12 +34,12 @@ class AuditResult:
         return None
 
 
-async def audit(pool: asyncpg.Pool, encoding: HarmonyEncoding, response_id: str, restore: bool = False) -> AuditResult:
+async def audit(pool: asyncpg.Pool, response_id: str, restore: bool = False) -> AuditResult:
     log = EventLog(pool)
     record = await log.load(response_id)
     if record is None:
         raise LookupError(f"no response {response_id}")
-    state = ResponseState(response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context), encoding)
+    state = ResponseState(response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context))
     reparsed: list[LoggedEvent] = []
     for message in record.consumed:
         applied = state.apply(message)

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.events import LoggedEvent
 from steno.services.common.db import unnest_columns
 
@@ -25,7 +25,7 @@ class ResponseRecord:
     status: str
     base_snapshot: dict[str, Any]
     parse_context: dict[str, Any]
-    consumed: list[TokenBatch | GenerationEnded]
+    consumed: list[TokenStreamMessage]
 
 
 @dataclass
@@ -34,12 +34,12 @@ class ResponseWrite:
 
     response_id: str
     events: list[LoggedEvent] = field(default_factory=list)
-    consumed: list[TokenBatch | GenerationEnded] = field(default_factory=list)
+    consumed: list[TokenStreamMessage] = field(default_factory=list)
     started: bool = False
     final_snapshot: dict[str, Any] | None = None
 
 
-def _token_row(response_id: str, message: TokenBatch | GenerationEnded) -> tuple:
+def _token_row(response_id: str, message: TokenStreamMessage) -> tuple:
     """A consumed message as a ``response_tokens`` row: a batch, a batch with its
     attempt's end (``ended`` set, at ``batch_no``), or an end alone (at ``batch_count``)."""
     if isinstance(message, TokenBatch):
@@ -52,7 +52,7 @@ def _token_row(response_id: str, message: TokenBatch | GenerationEnded) -> tuple
     return (response_id, message.attempt, message.batch_count, "{}", None, message.model_dump_json())
 
 
-def _stored_message(response_id: str, row: list) -> TokenBatch | GenerationEnded:
+def _stored_message(response_id: str, row: list) -> TokenStreamMessage:
     attempt, batch_no, token_ids, logprobs, ended = row
     end = GenerationEnded.model_validate(ended) if ended is not None else None
     if end is not None and end.batch_count == batch_no:
@@ -93,8 +93,8 @@ class EventLog:
         whole for a response that was deleted.
 
         Rows are inserted plainly: ``ON CONFLICT DO NOTHING`` costs a speculative
-        insertion per row (an extra WAL record and index probe, 15 % of the statement for
-        a burst's commit). Only a write that overlaps one already stored (another writer
+        insertion per row (an extra WAL record and index probe; docs/performance.md has
+        its share of a burst's commit). Only a write that overlaps one already stored (another writer
         during a takeover, an audit's restore) meets a conflict; the statement then runs
         again, skipping what is there, and since events are deterministic the log ends
         the same either way."""

@@ -1,21 +1,22 @@
 """Output item kinds: how each opens, streams and closes as Responses events (pure).
 
 Every kind receives ``emit(type, body)`` to append an event, its output index and its
-derived ids. Which kind a Harmony message becomes is decided in ``classify``."""
+derived ids. Which kind a message becomes (in the dialects' fragment vocabulary,
+``services/dialects/base.py``) is decided in ``classify``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import orjson
 
+from steno.schemas.events import EventType
 from steno.schemas.ids import derived_id
 from steno.schemas.responses import ParseContext
+from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[EventType, dict[str, Any]], None]
 
-# The single string parameter a custom (freeform) tool is offered with.
-CUSTOM_TOOL_INPUT_ARG = "input"
 # Server labels for built-in tools reported as MCP calls (vLLM's convention).
 _BUILTIN_SERVER_LABELS = {"python": "code_interpreter", "container": "container", "browser": "web_search_preview"}
 
@@ -50,9 +51,9 @@ class OutputItem:
 class _TextPartItem(OutputItem):
     """Reasoning and message items: one content part streamed as text deltas."""
 
-    part_type = ""
-    delta_type = ""
-    done_type = ""
+    part_type: ClassVar[str]
+    delta_type: ClassVar[EventType]
+    done_type: ClassVar[EventType]
 
     @property
     def part_address(self) -> dict[str, Any]:
@@ -305,25 +306,10 @@ class WebSearchCallItem(OutputItem):
 WEB_SEARCH_COMMANDS = frozenset({"search", "open", "find"})
 
 
-def normalize_recipient(recipient: str | None, context: ParseContext) -> str | None:
-    """openai-harmony reads a content-type constraint in a header without a recipient
-    (``<|channel|>final <|constrain|>json<|message|>``) as the recipient
-    ``<|constrain|>json`` (or ``json``): that is a message, not a call."""
-    if not recipient or recipient.startswith("<|"):
-        return None
-    if recipient in _CONTENT_TYPES and recipient not in context.function_tools:
-        return None
-    return recipient
-
-
-_CONTENT_TYPES = frozenset({"json", "code", "text"})
-
-
 def classify(
     response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext
 ) -> OutputItem:
-    """Which output item a Harmony message becomes."""
-    recipient = normalize_recipient(recipient, context)
+    """Which output item a message becomes."""
     if recipient:
         name = recipient.removeprefix("functions.")
         if recipient.startswith("functions.") or name in context.function_tools:

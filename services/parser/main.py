@@ -11,7 +11,7 @@ import socket
 
 from steno.services.common import bus, db
 from steno.services.common.config import Settings
-from steno.services.common.harmony_vocab import harmony_encoding
+from steno.services import dialects
 from steno.services.common.runtime import configure_logging, run_until_signalled
 from steno.services.parser.service import ParserService
 
@@ -23,14 +23,12 @@ def run(_: argparse.Namespace) -> None:
     settings = Settings.from_env()
 
     async def main(stop: asyncio.Event) -> None:
-        encoding = harmony_encoding()
+        dialects.load_all()
         nc = await bus.connect(settings.nats_url, "steno-parser")
         # One connection per partition it may hold, so commits never queue for a connection.
         pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
         instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        service = ParserService(
-            nc, pool, bus.Names.from_settings(settings), encoding, instance_id
-        )
+        service = ParserService(nc, pool, bus.Names.from_settings(settings), instance_id)
         task = asyncio.create_task(service.run())
         log.info("parser %s ready", instance_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)

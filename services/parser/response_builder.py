@@ -1,4 +1,5 @@
-"""Turns Harmony message fragments into Responses stream events (pure, no I/O).
+"""Turns message fragments (from the response's dialect) into Responses stream events
+(pure, no I/O).
 
 Everything an event contains — item ids, call ids, sequence numbers, text — derives
 from the response's stored context and the token batches in order, so re-running a
@@ -9,12 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import orjson
-
 from steno.schemas.bus import GenerationEnded
-from steno.schemas.events import LoggedEvent
+from steno.schemas.events import (
+    EventType,
+    LoggedEvent,
+    TerminalEventType,
+    failure_events,
+    lifecycle_event,
+    logged_event,
+)
 from steno.schemas.responses import ParseContext
-from steno.services.parser.harmony import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
+from steno.services.dialects import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
 from steno.services.parser.items import MessageItem, OutputItem, classify
 
 TokenDecoder = Callable[[int], str]
@@ -40,11 +46,12 @@ class ResponseBuilder:
         self._events: list[LoggedEvent] = []
         self.final_snapshot: dict[str, Any] | None = None
 
-    def _emit(self, type_: str, body: dict[str, Any]) -> None:
-        seq = self._next_seq
-        self._next_seq += 1
-        payload = orjson.dumps({"type": type_, "sequence_number": seq, **body}).decode()
-        self._events.append(LoggedEvent(seq=seq, type=type_, payload=payload))
+    def _emit(self, type_: EventType, body: dict[str, Any]) -> None:
+        self._append(logged_event(self._next_seq, type_, body))
+
+    def _append(self, event: LoggedEvent) -> None:
+        self._events.append(event)
+        self._next_seq = event.seq + 1
 
     def _take_events(self) -> list[LoggedEvent]:
         events, self._events = self._events, []
@@ -57,7 +64,7 @@ class ResponseBuilder:
         return self.keepalive()
 
     def keepalive(self) -> list[LoggedEvent]:
-        self._emit("response.in_progress", {"response": self._snapshot("in_progress")})
+        self._append(lifecycle_event(self._next_seq, "response.in_progress", self._snapshot("in_progress")))
         return self._take_events()
 
     def consume(
@@ -106,19 +113,22 @@ class ResponseBuilder:
             "total_tokens": ended.prompt_tokens + ended.output_tokens,
         }
         if ended.finish_reason == "error" or (self._malformed and ended.finish_reason == "stop"):
-            code = ended.error_code or "server_error"
             message = ended.error_message or f"The model produced malformed output: {self._malformed}"
-            self._emit("error", {"code": code, "message": message, "param": None})
-            snapshot = self._snapshot("failed", error={"code": code, "message": message}, usage=usage)
-            terminal = "response.failed"
-        elif ended.finish_reason == "length":
-            snapshot = self._snapshot("incomplete", incomplete_details={"reason": "max_output_tokens"}, usage=usage)
-            terminal = "response.incomplete"
+            events, snapshot = failure_events(self._next_seq, self._snapshot("failed"), message,
+                                              code=ended.error_code or "server_error", usage=usage)
+            for event in events:
+                self._append(event)
         else:
-            status = "cancelled" if ended.finish_reason == "cancelled" else "completed"
-            snapshot = self._snapshot(status, usage=usage)
-            terminal = "response.completed"
-        self._emit(terminal, {"response": snapshot})
+            terminal: TerminalEventType
+            if ended.finish_reason == "length":
+                snapshot = self._snapshot("incomplete", incomplete_details={"reason": "max_output_tokens"},
+                                          usage=usage)
+                terminal = "response.incomplete"
+            else:
+                snapshot = self._snapshot("cancelled" if ended.finish_reason == "cancelled" else "completed",
+                                          usage=usage)
+                terminal = "response.completed"
+            self._append(lifecycle_event(self._next_seq, terminal, snapshot))
         self.final_snapshot = snapshot
         return self._take_events()
 

@@ -16,10 +16,9 @@ from contextlib import suppress
 import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from openai_harmony import HarmonyEncoding
 from pydantic import ValidationError
 
-from steno.schemas.bus import GenerationEnded, ParserSeed, TokenBatch, token_stream_message
+from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_stream_message
 from steno.schemas.events import CommittedEvents
 from steno.schemas.responses import ParseContext
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
@@ -30,8 +29,6 @@ from steno.services.parser.leases import PartitionLeases
 from steno.services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)
-
-TokenMessage = TokenBatch | GenerationEnded
 
 FETCH_BATCH = 256
 MAX_DELIVER = 20
@@ -47,14 +44,13 @@ MAX_STATES = 20_000
 
 class ParserService:
     def __init__(
-        self, nc: Client, pool: asyncpg.Pool, names: Names, encoding: HarmonyEncoding, instance_id: str
+        self, nc: Client, pool: asyncpg.Pool, names: Names, instance_id: str
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._log = EventLog(pool)
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
-        self._encoding = encoding
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
         self._leases = PartitionLeases(self._js, names, instance_id)
         self._consumers: dict[int, asyncio.Task] = {}
@@ -114,7 +110,7 @@ class ParserService:
             with suppress(Exception):
                 await feed.stop()
 
-    async def _states_for(self, firsts: dict[str, tuple[Msg, TokenMessage] | None]) -> dict[str, ResponseState | None]:
+    async def _states_for(self, firsts: dict[str, tuple[Msg, TokenStreamMessage] | None]) -> dict[str, ResponseState | None]:
         """The state of each response (by its first fetched message, if any): the one held,
         else one built from the seed on its very first batch, else one rebuilt from
         Postgres. Those rebuilt (after a restart or a takeover, a whole backlog of them)
@@ -140,8 +136,8 @@ class ParserService:
         return states
 
     def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
-              consumed: list[TokenMessage]) -> ResponseState:
-        state = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context), self._encoding)
+              consumed: list[TokenStreamMessage]) -> ResponseState:
+        state = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context))
         for message in consumed:
             state.apply(message)
         self._states[response_id] = state
@@ -158,12 +154,13 @@ class ParserService:
             return
         ended = state.failure(f"The model output could not be processed ({type(exc).__name__}); giving up.")
         applied = state.apply_end(ended)
-        write.events += applied.events
-        write.consumed.append(ended)
-        write.final_snapshot = state.final_snapshot
+        if applied is not None:
+            write.events += applied.events
+            write.consumed += applied.recorded
+            write.final_snapshot = state.final_snapshot
 
     async def process(self, messages: list[Msg]) -> None:
-        by_response: dict[str, list[tuple[Msg, TokenMessage]]] = {}
+        by_response: dict[str, list[tuple[Msg, TokenStreamMessage]]] = {}
         for msg in messages:
             try:
                 decoded = token_stream_message.validate_json(msg.data)
@@ -206,7 +203,7 @@ class ParserService:
                     if applied is None:
                         continue
                     write.events += applied.events
-                    write.consumed.append(decoded)
+                    write.consumed += applied.recorded
                     write.started = write.started or (state.started and not was_started)
                     if applied.finished:
                         write.final_snapshot = state.final_snapshot
@@ -247,7 +244,7 @@ class ParserService:
                 await msg.nak(delay=RETRY_DELAY_S)
 
 
-def _fresh_seed(first: tuple[Msg, TokenMessage]) -> ParserSeed | None:
+def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:
     """The seed of a response's first batch, delivered for the first time: nothing of
     the response can have been consumed before it (a partition's first deliveries come
     in stream order), so the seed is the whole state. A redelivery may follow a commit;

@@ -25,11 +25,14 @@ class EngineError(RuntimeError):
 
 class EngineDead(EngineError):
     """The engine itself is gone (e.g. vLLM's engine core process died): this request
-    failed, and so will every later one. The process should stop taking work and exit
-    so that its supervisor restarts it."""
+    failed, and so will every later one."""
 
 
 class Engine(Protocol):
+    """What the worker relies on. Besides generating, an engine says when it has died
+    (``wait_until_dead``), so that the worker stops taking work and exits for its
+    supervisor to restart it."""
+
     name: str
 
     def generate(
@@ -41,9 +44,15 @@ class Engine(Protocol):
     ) -> AsyncIterator[EngineOutput]:
         """Streams the output after ``prior_output`` (tokens an earlier attempt already
         published, which the engine continues; ``sampling.max_tokens`` counts only new
-        tokens). An engine that cannot continue raises EngineError."""
+        tokens). An engine that cannot continue raises EngineError; one that died under
+        the request raises EngineDead, and ``wait_until_dead`` returns."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def wait_until_dead(self) -> BaseException:
+        """Returns the cause once the engine can serve nothing more (never, for an
+        engine that cannot die)."""
+        ...
 
     async def close(self) -> None: ...

@@ -7,9 +7,11 @@ import asyncio
 import logging
 import sys
 
+from steno.services import dialects
 from steno.services.common import bus
 from steno.services.common.config import Settings
 from steno.services.common.runtime import configure_logging, freeze_startup_heap, run_until_signalled
+from steno.services.worker.engine import Engine
 from steno.services.worker.worker import GenerationWorker
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,8 @@ DEAD_ENGINE_DRAIN_S = 5.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name clients ask for")
     parser.add_argument("--engine", choices=["simulator", "vllm"], default="simulator")
+    parser.add_argument("--dialect", choices=sorted(dialects.DIALECTS), default=dialects.DEFAULT_DIALECT,
+                        help="the model's format: how its prompt is rendered and its output read")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight at most")
     parser.add_argument("--batch-interval-ms", type=float, default=20.0, help="token batch coalescing window")
     parser.add_argument("--batch-max-tokens", type=int, default=64)
@@ -47,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="at most this many consecutive whitespace characters inside constrained JSON")
 
 
-def build_engine(args: argparse.Namespace):
+def build_engine(args: argparse.Namespace) -> Engine:
     if args.engine == "vllm":
         if not args.model_path:
             raise SystemExit("steno worker: --engine vllm needs --model-path (the model directory)")
@@ -69,15 +73,15 @@ def build_engine(args: argparse.Namespace):
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 enforce_eager=args.enforce_eager,
+                dialect=args.dialect,
                 structured_output_scope=args.structured_output_scope,
                 json_max_whitespace=args.structured_output_max_whitespace,
             )
         )
-    from steno.services.common.harmony_vocab import harmony_encoding
     from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
     return SimulatorEngine(
-        harmony_encoding(),
+        dialects.dialect_named(args.dialect),
         SimulatorTiming(first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s),
     )
 
@@ -89,9 +93,9 @@ def run(args: argparse.Namespace) -> None:
     async def main(stop: asyncio.Event) -> None:
         # Before connecting: starting vLLM blocks for a while (model load, engine core).
         engine = build_engine(args)
-        # vLLM and torch are imported only now, after the start-up freeze: importing them
-        # leaves about 600,000 objects to the collector, and one full collection over them
-        # takes some 300 ms on the development machine, a stall for every stream here.
+        # vLLM and torch are imported only now, after the start-up freeze: they leave
+        # hundreds of thousands of objects to the collector, and a full collection over
+        # them stalls every stream here (docs/performance.md).
         freeze_startup_heap()
         nc = await bus.connect(settings.nats_url, f"steno-worker-{args.model}")
         worker = GenerationWorker(
@@ -99,38 +103,30 @@ def run(args: argparse.Namespace) -> None:
             bus.Names.from_settings(settings),
             args.model,
             engine,
+            dialect=args.dialect,
             concurrency=args.concurrency,
             batch_interval_s=args.batch_interval_ms / 1000,
             batch_max_tokens=args.batch_max_tokens,
         )
         task = asyncio.create_task(worker.run())
-        waits = [task, asyncio.create_task(stop.wait())]
-        # The engine dies (vLLM's engine core process is gone): noticed by polling the
-        # engine, or by the worker when a request fails with EngineDead.
-        engine_death = None
-        if hasattr(engine, "wait_until_dead"):
-            engine_death = asyncio.create_task(engine.wait_until_dead())
-            waits.append(engine_death)
-        worker_saw_death = getattr(worker, "engine_dead", None)
-        if worker_saw_death is not None:
-            waits.append(asyncio.create_task(worker_saw_death.wait()))
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        # The engine dies (vLLM's engine core process is gone): a request that met it
+        # says so at once, an idle engine is found out by the engine itself.
+        engine_death = asyncio.create_task(engine.wait_until_dead())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, engine_death, stopped], return_when=asyncio.FIRST_COMPLETED)
         failed = False
         if task.done() and task.exception():
             log.error("worker stopped: %s", task.exception())
             failed = True
         drain_s = args.drain_timeout
-        died = (engine_death is not None and engine_death.done()) or (
-            worker_saw_death is not None and worker_saw_death.is_set())
-        if died:
-            cause = engine_death.result() if engine_death is not None and engine_death.done() else "a request saw it"
-            log.error("the %s engine died (%s); stopping so that this worker is restarted", engine.name, cause)
+        if engine_death.done():
+            log.error("the %s engine died (%s); stopping so that this worker is restarted", engine.name,
+                      engine_death.result())
             failed, drain_s = True, min(drain_s, DEAD_ENGINE_DRAIN_S)
         await worker.stop(drain_s)
-        task.cancel()
-        for waiting in waits:
+        for waiting in (task, engine_death, stopped):
             waiting.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
+        await asyncio.gather(task, engine_death, stopped, return_exceptions=True)
         await engine.close()
         await nc.flush()
         await nc.close()

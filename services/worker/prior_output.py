@@ -1,9 +1,8 @@
 """What earlier attempts of a request already published, read back from the TOKENS
 stream, so a worker that takes a request over continues it instead of starting again.
 
-The batches are taken in the order, and by the rules, the parser applies them (see
-services/parser/response_state.py): strictly increasing (attempt, batch_no), a new
-attempt starting at batch 0 and continuing after every token before it."""
+The batches are taken in the order, and by the rule, the parser applies them
+(``TokenStreamOrder``): what the parser would not apply is not continued either."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
-from steno.schemas.bus import GenerationEnded, TokenBatch, token_stream_message
+from steno.schemas.bus import Placement, TokenBatch, TokenStreamMessage, TokenStreamOrder, token_stream_message
 from steno.services.common.bus import Names
 
 READ_BATCH = 512
@@ -28,27 +27,24 @@ class PriorOutput:
     ended: bool = False
 
 
-def assemble(messages: list[TokenBatch | GenerationEnded]) -> PriorOutput:
+def assemble(messages: list[TokenStreamMessage]) -> PriorOutput:
+    """What the messages read back (in stream order) say was published."""
     prior = PriorOutput()
-    attempt, next_batch = 0, 0
+    order = TokenStreamOrder()
     for message in messages:
-        number = message.batch_no if isinstance(message, TokenBatch) else message.batch_count
-        if prior.ended or (message.attempt, number) < (attempt, next_batch):
-            continue
-        if message.attempt > attempt and number == 0:
-            resumed = message.resumed_after if isinstance(message, TokenBatch) else None
-            if resumed is not None and resumed != len(prior.token_ids):
-                prior.ended = True
-                continue
-            attempt, next_batch = message.attempt, 0
-        elif (message.attempt, number) != (attempt, next_batch):
-            continue
-        if isinstance(message, GenerationEnded):
+        placement = order.place(message)
+        if placement is Placement.DIVERGED:
+            # The response fails there (the parser records the failure).
             prior.ended = True
-        else:
+            break
+        if placement is not Placement.NEXT:
+            continue
+        order.advance(message)
+        if isinstance(message, TokenBatch):
             prior.token_ids += message.token_ids
-            next_batch += 1
-            prior.ended = message.ended is not None
+            if message.ended is not None and order.place(message.ended) is Placement.NEXT:
+                order.advance(message.ended)
+        prior.ended = order.ended
     return prior
 
 
@@ -60,7 +56,7 @@ async def read_prior_output(js: JetStreamContext, names: Names, response_id: str
             ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0
         ),
     )
-    messages: list[TokenBatch | GenerationEnded] = []
+    messages: list[TokenStreamMessage] = []
     try:
         while True:
             try:

@@ -6,16 +6,9 @@ is loaded only because structured outputs build their token masks from it; witho
 (no ``--tokenizer`` and none beside the weights) the engine runs with
 ``skip_tokenizer_init`` and refuses structured-output requests, per request.
 
-Structured outputs and Harmony. vLLM applies a ``text.format`` to a gpt-oss model's
-*final* message only in its OpenAI server layer (its Harmony parser rewrites the
-constraint into an xgrammar structural tag); ``AsyncLLM`` applies whatever it is given
-from the first completion token. So this engine builds such a structural tag itself
-(scope ``final``, the default, since Steno's prompts and parser are Harmony): an optional
-free ``analysis`` message, then a ``final`` message whose header declares JSON and whose
-content must match the schema, closed by a stop token (``<|return|>``). Unlike vLLM's
-tag, the Harmony framing is matched as special *tokens*, not as text. Scope ``whole``
-constrains the entire completion instead (a model that does not speak Harmony). With a
-``text.format`` the model cannot call tools in that turn (as in vLLM).
+Structured outputs: a ``text.format`` becomes the grammar the model's dialect builds for
+a constrained answer (``Dialect.answer_grammar``; for Harmony, free reasoning first and
+the JSON in the final message), scoped by ``--structured-output-scope``.
 
 Failures: anything vLLM raises for one request becomes ``EngineError`` (the response
 fails visibly); the engine core dying becomes ``EngineDead`` and ``wait_until_dead``
@@ -31,17 +24,16 @@ import asyncio
 import logging
 import math
 import time
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from steno.schemas.bus import FinishReason, SamplingParams, StructuredOutput
+from steno.services.dialects import DEFAULT_DIALECT, Dialect, StructuredOutputScope, dialect_named
 from steno.services.worker.engine import EngineDead, EngineError, EngineOutput
 
 log = logging.getLogger(__name__)
-
-StructuredOutputScope = Literal["final", "whole"]
 
 # Files that mean "a tokenizer lives here" (Hugging Face layouts).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model")
@@ -53,20 +45,6 @@ LOGPROB_FLOOR = -9999.0
 
 # Abort orders for requests this engine has not seen (yet) are kept this long.
 ABORT_MEMORY_S = 600.0
-
-# Harmony's control tokens (o200k_harmony ids; checked against openai-harmony in the
-# tests). The ``final`` scope grammar frames messages with these *tokens*: matching their
-# text instead (as vLLM's string-based structural tag does) also admits the same text
-# spelled with ordinary tokens ("<", "|", "channel", ...), which is not Harmony.
-CHANNEL, MESSAGE, END, START, CONSTRAIN = 200005, 200008, 200007, 200006, 200003
-# Every id from here up is a special or reserved token; none belongs inside a message.
-FIRST_SPECIAL_TOKEN, HARMONY_VOCAB_SIZE = 199998, 201088
-# Texts that may not appear inside constrained JSON strings (and keys): xgrammar matches
-# JSON by text, and every special token's text would fit in a string, where the token
-# would end or break the Harmony message. Spelling them out is banned with them.
-SPECIAL_TEXTS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
-                 "<|startoftext|>", "<|endoftext|>", "<|endofprompt|>", "<|reserved_"]
-
 
 @dataclass(frozen=True)
 class VllmOptions:
@@ -81,9 +59,11 @@ class VllmOptions:
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False
-    # Steno's own: how a text.format applies (see the module docstring), and an optional
-    # bound on consecutive whitespace inside constrained JSON (weak or random models can
-    # otherwise emit whitespace until max_tokens).
+    # Steno's own: the model's dialect (its format), how a text.format applies (see the
+    # module docstring), and an optional bound on consecutive whitespace inside
+    # constrained JSON (weak or random models can otherwise emit whitespace until
+    # max_tokens).
+    dialect: str = DEFAULT_DIALECT
     structured_output_scope: StructuredOutputScope = "final"
     json_max_whitespace: int | None = None
 
@@ -117,60 +97,8 @@ class VllmOptions:
         return AsyncEngineArgs(**kwargs)
 
 
-def _token(token_id: int) -> dict:
-    return {"type": "token", "token": token_id}
-
-
-def _text(value: str) -> dict:
-    return {"type": "const_string", "value": value}
-
-
-def harmony_json_tag(schema: dict, max_whitespace: int | None) -> dict:
-    """xgrammar structural tag for a Harmony completion (the prompt ends with
-    ``<|start|>assistant``) whose final message must be JSON matching ``schema``:
-
-        [<|channel|>analysis<|message|> free text <|end|><|start|>assistant]
-        <|channel|>final( <|constrain|>json| json)<|message|> JSON
-
-    then a stop token (``<|return|>``), the only thing xgrammar allows once the grammar
-    is complete. These are the shapes vLLM's gpt-oss parser accepts for a JSON format;
-    with one, the model cannot call tools in that turn (as in vLLM)."""
-    specials = list(range(FIRST_SPECIAL_TOKEN, HARMONY_VOCAB_SIZE))
-    analysis = {
-        "type": "optional",
-        "content": {
-            "type": "sequence",
-            "elements": [
-                _token(CHANNEL), _text("analysis"), _token(MESSAGE),
-                {"type": "any_tokens", "exclude_tokens": specials},
-                _token(END), _token(START), _text("assistant"),
-            ],
-        },
-    }
-    final = {
-        "type": "sequence",
-        "elements": [
-            _token(CHANNEL), _text("final"),
-            {"type": "or", "elements": [
-                {"type": "sequence", "elements": [_text(" "), _token(CONSTRAIN), _text("json")]},
-                _text(" json"),
-            ]},
-            _token(MESSAGE),
-            json_format(schema, max_whitespace),
-        ],
-    }
-    return {"type": "structural_tag", "format": {"type": "sequence", "elements": [analysis, final]}}
-
-
-def json_format(schema: dict, max_whitespace: int | None) -> dict:
-    content: dict[str, Any] = {"type": "json_schema", "json_schema": schema, "excludes": SPECIAL_TEXTS}
-    if max_whitespace is not None:
-        content["max_whitespace_cnt"] = max_whitespace
-    return content
-
-
 def structured_outputs_params(
-    structured: StructuredOutput, scope: StructuredOutputScope, max_whitespace: int | None
+    structured: StructuredOutput, dialect: Dialect, scope: StructuredOutputScope, max_whitespace: int | None
 ) -> Any:
     import json
 
@@ -182,9 +110,7 @@ def structured_outputs_params(
         schema = structured.json_schema
     else:
         schema = {"type": "object"}
-    tag = harmony_json_tag(schema, max_whitespace) if scope == "final" else {
-        "type": "structural_tag", "format": json_format(schema, max_whitespace)}
-    return StructuredOutputsParams(structural_tag=json.dumps(tag))
+    return StructuredOutputsParams(structural_tag=json.dumps(dialect.answer_grammar(schema, scope, max_whitespace)))
 
 
 def _finite(logprob: float) -> float:
@@ -224,6 +150,7 @@ class VllmEngine:
         self._has_tokenizer = options.has_tokenizer()
         self._aborted: dict[str, float] = {}
         self._dead: BaseException | None = None
+        self._died = asyncio.Event()
         self._closed = False
 
     @classmethod
@@ -255,15 +182,22 @@ class VllmEngine:
     @property
     def dead(self) -> BaseException | None:
         if self._dead is None and self._llm is not None and getattr(self._llm, "errored", False):
-            self._dead = getattr(self._llm, "dead_error", None) or RuntimeError("vLLM engine errored")
+            self._died_of(getattr(self._llm, "dead_error", None) or RuntimeError("vLLM engine errored"))
         return self._dead
 
+    def _died_of(self, cause: BaseException) -> None:
+        if self._dead is None:
+            self._dead = cause
+            self._died.set()
+
     async def wait_until_dead(self, poll_s: float = 0.5) -> BaseException:
-        while True:
-            dead = self.dead
-            if dead is not None:
-                return dead
-            await asyncio.sleep(poll_s)
+        """Returns the cause once the engine is gone: a request that met the dead engine
+        core says so at once; an idle engine is found out by polling vLLM's flag."""
+        while (dead := self.dead) is None:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(poll_s):
+                    await self._died.wait()
+        return dead
 
     def sampling_params(self, sampling: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
@@ -287,7 +221,8 @@ class VllmEngine:
                     "this worker runs without one (start it with --tokenizer)"
                 )
             kwargs["structured_outputs"] = structured_outputs_params(
-                sampling.structured_output, self._options.structured_output_scope, self._options.json_max_whitespace
+                sampling.structured_output, dialect_named(self._options.dialect),
+                self._options.structured_output_scope, self._options.json_max_whitespace
             )
         return VllmSamplingParams(**kwargs)
 
@@ -346,7 +281,7 @@ class VllmEngine:
                         abort_sent = True
                         await self._llm.abort(request_id)
         except EngineDeadError as exc:
-            self._dead = exc
+            self._died_of(exc)
             raise EngineDead(f"the vLLM engine died: {exc}") from exc
         except EngineError:
             raise

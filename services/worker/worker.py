@@ -17,7 +17,7 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch
+from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, WorkerRegistration
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
@@ -54,6 +54,7 @@ class GenerationWorker:
         model: str,
         engine: Engine,
         *,
+        dialect: str,
         concurrency: int = 64,
         batch_interval_s: float = 0.005,
         batch_max_tokens: int = 64,
@@ -64,6 +65,7 @@ class GenerationWorker:
         self._names = names
         self._model = model
         self._engine = engine
+        self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect)
         self._concurrency = concurrency
         self._feed: ContinuousPull | None = None
         self._batch_interval_s = batch_interval_s
@@ -114,11 +116,12 @@ class GenerationWorker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _register(self) -> None:
-        """Tells the API this model is served, for as long as the worker runs."""
+        """Tells the API this model is served, and in which dialect, for as long as the
+        worker runs."""
         registry = await worker_registry(self._js, self._names)
         while True:
             with suppress(Exception):
-                await registry.put(model_token(self._model), self._engine.name.encode())
+                await registry.put(model_token(self._model), self._registration.model_dump_json().encode())
             await asyncio.sleep(WORKER_REGISTRATION_EVERY_S)
 
     async def _on_cancel(self, response_id: str, _: bytes) -> None:
@@ -164,7 +167,7 @@ class GenerationWorker:
             with suppress(Exception):
                 await msg.in_progress()
             with suppress(Exception):
-                if await self._cancels.confirm(response_id):
+                if await self._cancels.fetch(response_id) is not None:
                     await self._engine.abort(engine_request_id)
 
     async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:

@@ -37,6 +37,7 @@ async def test_keys_written_before_the_start_are_there_once_it_returns(bucket):
         assert "early" in mirror
         assert "missing" not in mirror
         assert 0 <= mirror.age_s("early") < 5
+        assert mirror.get("early") == b"1" and mirror.get("missing") is None
         assert heard == ["early"]  # a cancel order that came before the worker still counts
     finally:
         await mirror.stop()
@@ -73,9 +74,12 @@ async def test_writes_after_the_start_arrive_and_call_back(bucket):
         await kv.put("later", b"order")
         assert await mirror.wait_for(lambda: "later" in mirror, timeout_s=5)
         assert heard == [("later", b"order")]
+        await kv.put("later", b"changed")
+        assert await mirror.wait_for(lambda: mirror.get("later") == b"changed", timeout_s=5)
         await kv.delete("later")
         assert await mirror.wait_for(lambda: "later" not in mirror, timeout_s=5)
-        assert heard == [("later", b"order")]  # a delete is not a write to act on
+        assert heard == [("later", b"order"), ("later", b"changed")]  # a delete is not a write to act on
+        assert mirror.get("later") is None
     finally:
         await mirror.stop()
 
@@ -99,8 +103,8 @@ async def test_waiting_for_a_key_that_never_comes_gives_up_after_the_timeout(buc
     await mirror.start()
     try:
         assert not await mirror.wait_for(lambda: "never" in mirror, timeout_s=0.2)
-        assert not await mirror.confirm("never")
+        assert await mirror.fetch("never") is None
         await kv.put("direct", b"1")
-        assert await mirror.confirm("direct")
+        assert await mirror.fetch("direct") == b"1"
     finally:
         await mirror.stop()

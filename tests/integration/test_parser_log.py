@@ -161,11 +161,11 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
     from steno.services.api.response_plan import plan_response
     from steno.services.api.store import ResponseStore
     from steno.services.common.bus import Names
-    from steno.services.common.harmony_vocab import harmony_encoding
+    from steno.services.dialects import dialect_named
     from steno.services.parser.response_state import ResponseState
-    from steno.services.worker.simulator import completion_tokens, read_prompt
+    from steno.services.worker.simulator import completion_tokens
 
-    encoding = harmony_encoding()
+    harmony = dialect_named("harmony")
     names = Names(settings.namespace, settings.token_partitions)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
     nc = await nats.connect(settings.nats_url)
@@ -176,16 +176,16 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
         for i in range(12):
             request = CreateResponseRequest(model=MODEL, input=f"backlog {i}", background=True)
             plan = plan_response(request, f"resp_backlog{i:02d}{settings.namespace}", "default", 1_700_000_000,
-                                 encoding)
+                                 harmony)
             await ResponseStore(pool).create(plan.record, plan.first_events)
             rid = plan.record.response_id
-            tokens = completion_tokens(encoding, read_prompt(encoding, plan.generation.prompt_token_ids))
+            tokens = completion_tokens(harmony, plan.generation.prompt_token_ids)
             batches = [TokenBatch(response_id=rid, attempt=0, batch_no=n, token_ids=tokens[start:start + 8])
                        for n, start in enumerate(range(0, len(tokens), 8))]
             batches[-1].ended = GenerationEnded(response_id=rid, attempt=0, batch_count=len(batches),
                                                 finish_reason="stop", prompt_tokens=10, output_tokens=len(tokens))
             context = ParseContext.model_validate(plan.record.parse_context)
-            oracle = ResponseState(rid, plan.record.base_snapshot, context, encoding)
+            oracle = ResponseState(rid, plan.record.base_snapshot, context)
             expected[rid] = [(e.seq, e.type, e.payload) for e in plan.first_events]
             for batch in batches:
                 expected[rid] += [(e.seq, e.type, e.payload) for e in oracle.apply(batch).events]

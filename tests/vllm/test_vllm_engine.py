@@ -19,8 +19,8 @@ from openai_harmony import Role  # noqa: E402
 
 from steno.schemas.api import CreateResponseRequest  # noqa: E402
 from steno.schemas.bus import SamplingParams, StructuredOutput  # noqa: E402
-from steno.services.api.render import render_prompt  # noqa: E402
-from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from steno.services.dialects import dialect_named  # noqa: E402
+from steno.services.dialects.harmony.vocabulary import harmony_encoding  # noqa: E402
 from steno.services.worker.engine import EngineError, EngineOutput  # noqa: E402
 from steno.services.worker.vllm_engine import VllmEngine, VllmOptions  # noqa: E402
 from tests.vllm.conftest import ENGINE_ARGS  # noqa: E402
@@ -44,7 +44,7 @@ def token(text: str) -> int:
 
 
 def prompt(text: str = "Say something.") -> list[int]:
-    return render_prompt(harmony_encoding(), CreateResponseRequest(model="tiny", input=text), 1700000000).token_ids
+    return dialect_named("harmony").render(CreateResponseRequest(model="tiny", input=text), 1700000000).token_ids
 
 
 def stop_tokens() -> list[int]:
@@ -178,15 +178,6 @@ async def test_prefix_cache_hits_are_reported_as_cached_tokens(engine):
     second = await collect(engine, "cache-2", SamplingParams(max_tokens=2), long_prompt)
     assert second[-1].cached_tokens is not None and second[-1].cached_tokens > 0
     assert second[-1].cached_tokens >= (first[-1].cached_tokens or 0)
-
-
-def test_the_grammar_uses_harmony_token_ids():
-    from steno.services.worker import vllm_engine
-
-    for name in ("CHANNEL", "MESSAGE", "END", "START", "CONSTRAIN"):
-        assert getattr(vllm_engine, name) == token(f"<|{name.lower()}|>")
-    assert harmony_encoding().decode([vllm_engine.FIRST_SPECIAL_TOKEN]) == "<|startoftext|>"
-    assert harmony_encoding().decode([vllm_engine.FIRST_SPECIAL_TOKEN - 1]) == " cocos"  # the last BPE rank
 
 
 def final_json(tokens: list[int]):

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from steno.services.common.harmony_vocab import harmony_encoding
-from steno.services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs, harmony_json_tag
+from steno.services.dialects.harmony.vocabulary import harmony_encoding
+from steno.services.dialects.harmony.grammar import final_json_tag, json_format
+from steno.services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs
 
 SCHEMA = {
     "type": "object",
@@ -94,7 +95,7 @@ ANSWER = '{"color": "red", "note": "fine"}'
     ],
 )
 def test_the_grammar_accepts_reasoning_then_a_json_final_message(matcher_for, completion):
-    matcher = matcher_for(harmony_json_tag(SCHEMA, None))
+    matcher = matcher_for(final_json_tag(SCHEMA, None))
     tokens = encode(completion)
     # The analysis text above spells "<|end|>" with ordinary tokens: that is just text.
     assert accepts(matcher, tokens)
@@ -113,13 +114,13 @@ def test_the_grammar_accepts_reasoning_then_a_json_final_message(matcher_for, co
     ],
 )
 def test_the_grammar_rejects_what_is_not_a_harmony_json_answer(matcher_for, completion):
-    matcher = matcher_for(harmony_json_tag(SCHEMA, None))
+    matcher = matcher_for(final_json_tag(SCHEMA, None))
     assert not accepts(matcher, encode(completion))
 
 
 @pytest.mark.vllm
 def test_the_grammar_wants_special_tokens_not_their_spelling(matcher_for):
-    matcher = matcher_for(harmony_json_tag(SCHEMA, None))
+    matcher = matcher_for(final_json_tag(SCHEMA, None))
     spelled = encode("`<|channel|>`")  # ordinary tokens
     assert len(spelled) > 1
     assert not matcher.accept_token(spelled[0])
@@ -128,8 +129,6 @@ def test_the_grammar_wants_special_tokens_not_their_spelling(matcher_for):
 
 @pytest.mark.vllm
 def test_the_whitespace_bound_holds_inside_json(matcher_for):
-    from steno.services.worker.vllm_engine import json_format
-
     tag = {"type": "structural_tag", "format": json_format(SCHEMA, 2)}
     assert accepts(matcher_for(tag), encode('{ "color":  "red", "note": "x"}'))
     assert not accepts(matcher_for(tag), encode('{   "color": "red", "note": "x"}'))

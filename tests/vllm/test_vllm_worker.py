@@ -21,10 +21,17 @@ pytest.importorskip("vllm")
 psutil = pytest.importorskip("psutil")
 
 from steno.schemas.api import CreateResponseRequest  # noqa: E402
-from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, end_of, token_stream_message  # noqa: E402
+from steno.schemas.bus import (  # noqa: E402
+    GenerationEnded,
+    GenerationRequest,
+    TokenBatch,
+    TokenStreamMessage,
+    end_of,
+    token_stream_message,
+)
 from steno.services.api.response_plan import plan_response  # noqa: E402
 from steno.services.common import bus  # noqa: E402
-from steno.services.common.harmony_vocab import harmony_encoding  # noqa: E402
+from steno.services.dialects import dialect_named  # noqa: E402
 from tests.vllm.conftest import ENGINE_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -137,7 +144,7 @@ async def js(nats_url, names):
 def generation_request(user_input: str, **request_fields) -> GenerationRequest:
     response_id = f"resp_{secrets.token_hex(8)}"
     request = CreateResponseRequest(model=MODEL, input=user_input, **request_fields)
-    return plan_response(request, response_id, "tenant", 1700000000, harmony_encoding()).generation
+    return plan_response(request, response_id, "tenant", 1700000000, dialect_named("harmony")).generation
 
 
 async def publish(js, names: bus.Names, request: GenerationRequest) -> None:
@@ -148,7 +155,7 @@ async def token_stream(js, names: bus.Names, response_id: str, timeout_s: float 
     """Every message of one response's token stream, up to the one carrying its end."""
     subject = f"{names.namespace}.tokens.*.{response_id}"
     subscription = await js.subscribe(subject, stream=names.tokens_stream, ordered_consumer=True)
-    messages: list[TokenBatch | GenerationEnded] = []
+    messages: list[TokenStreamMessage] = []
     deadline = time.monotonic() + timeout_s
     try:
         while True:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.parser.response_state import ResponseState
 from tests.harmony_samples import assistant, completion, encoding
@@ -74,7 +74,7 @@ CASES: dict[str, dict[str, Any]] = {
 SPLITS = {"whole": [10_000], "single": [1] * 400, "random": random_sizes(7, 400)}
 
 
-def _messages(case: dict[str, Any], sizes: list[int]) -> list[TokenBatch | GenerationEnded]:
+def _messages(case: dict[str, Any], sizes: list[int]) -> list[TokenStreamMessage]:
     """The token stream a worker (or two, for a takeover) would publish."""
     tokens = _tokens(case)
     sent = batches(tokens, sizes)
@@ -101,15 +101,21 @@ def _messages(case: dict[str, Any], sizes: list[int]) -> list[TokenBatch | Gener
                                    error_message=case.get("error"))]
 
 
-def record(case: dict[str, Any], sizes: list[int]) -> list[str]:
-    context = ParseContext(prompt_tokens=10, **case.get("context", {}))
-    state = ResponseState(RID, BASE, context, encoding())
+def _parse(case: dict[str, Any], messages: list[TokenStreamMessage]) -> tuple[list[str], list[TokenStreamMessage]]:
+    """The events' payloads, and what the parser records of the token stream."""
+    state = ResponseState(RID, BASE, ParseContext(prompt_tokens=10, **case.get("context", {})))
     payloads: list[str] = []
-    for message in _messages(case, sizes):
+    recorded: list[TokenStreamMessage] = []
+    for message in messages:
         applied = state.apply(message)
         if applied is not None:
             payloads += [event.payload for event in applied.events]
-    return payloads
+            recorded += applied.recorded
+    return payloads, recorded
+
+
+def record(case: dict[str, Any], sizes: list[int]) -> list[str]:
+    return _parse(case, _messages(case, sizes))[0]
 
 
 def recording() -> dict[str, list[str]]:
@@ -121,6 +127,17 @@ def test_events_are_byte_identical_to_the_recording(name):
     recorded = json.loads(RECORDING.read_text())
     case, split = name.split("/")
     assert record(CASES[case], SPLITS[split]) == recorded[name]
+
+
+@pytest.mark.parametrize("name", sorted(f"{n}/{s}" for n in CASES for s in SPLITS))
+def test_re_parsing_what_the_parser_recorded_gives_the_same_events(name):
+    """What ``steno audit`` does: the record (as response_tokens keeps it, which is
+    without ``resumed_after`` or the parser seed) must re-parse to the same events."""
+    case, split = name.split("/")
+    payloads, recorded = _parse(CASES[case], _messages(CASES[case], SPLITS[split]))
+    as_stored = [m.model_copy(update={"resumed_after": None, "parser_seed": None}) if isinstance(m, TokenBatch) else m
+                 for m in recorded]
+    assert _parse(CASES[case], as_stored)[0] == payloads
 
 
 def test_the_recording_covers_every_case():

@@ -59,7 +59,7 @@ def test_length_finish_is_incomplete_with_incomplete_items():
 
 
 def test_engine_error_fails_visibly():
-    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    state = ResponseState(RID, BASE, ParseContext())
     ended = GenerationEnded(
         response_id=RID, attempt=0, batch_count=0, finish_reason="error", prompt_tokens=3, output_tokens=0,
         error_code="server_error", error_message="engine died",
@@ -102,7 +102,7 @@ def test_logprobs_ride_on_text_deltas_when_asked():
 def test_redelivered_batch_is_a_duplicate_and_gap_is_out_of_order():
     tokens = completion([assistant("final", "one two three four")])
     sent = batches(tokens, [2, 2, 2])
-    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    state = ResponseState(RID, BASE, ParseContext())
     assert state.apply_batch(sent[0]) is not None
     assert state.apply_batch(sent[0]) is None
     with pytest.raises(OutOfOrder):
@@ -123,7 +123,7 @@ def test_random_splits_fold_to_the_same_snapshot():
 
 def test_empty_batches_are_numbered_keepalives():
     tokens = completion([assistant("final", "slow answer")])
-    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    state = ResponseState(RID, BASE, ParseContext())
     empty = lambda n: TokenBatch(response_id=RID, attempt=0, batch_no=n, token_ids=[])  # noqa: E731
     events = state.apply_batch(empty(0)).events + state.apply_batch(empty(1)).events
     events += state.apply_batch(TokenBatch(response_id=RID, attempt=0, batch_no=2, token_ids=tokens)).events
@@ -137,7 +137,7 @@ def test_empty_batches_are_numbered_keepalives():
 def test_a_last_batch_carrying_its_end_is_the_batch_then_the_end():
     tokens = completion([assistant("analysis", "Weigh it."), assistant("final", "Done, déjà.")])
     _, separate = run(tokens, [4, 4, 100])
-    state = ResponseState(RID, BASE, ParseContext(), encoding())
+    state = ResponseState(RID, BASE, ParseContext())
     sent = batches(tokens, [4, 4, 100])
     ended = GenerationEnded(response_id=RID, attempt=0, batch_count=len(sent), finish_reason="stop",
                             prompt_tokens=10, output_tokens=len(tokens))

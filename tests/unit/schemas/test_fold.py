@@ -35,7 +35,7 @@ def test_fold_of_events_is_the_final_snapshot(conversation, sizes, cut, finish):
     tokens = completion(conversation)
     if cut is not None:
         tokens = tokens[:cut]
-    state = ResponseState("resp_fold", BASE, ParseContext(), encoding())
+    state = ResponseState("resp_fold", BASE, ParseContext())
     payloads, start, batch_no = [], 0, 0
     while start < len(tokens):
         size = sizes[batch_no % len(sizes)]
@@ -58,7 +58,7 @@ def test_fold_of_events_is_the_final_snapshot(conversation, sizes, cut, finish):
 
 def test_fold_of_an_unfinished_log_shows_partial_output():
     tokens = completion([assistant("final", "partial text here")])
-    state = ResponseState("resp_fold", BASE, ParseContext(), encoding())
+    state = ResponseState("resp_fold", BASE, ParseContext())
     events = state.apply_batch(TokenBatch(response_id="resp_fold", attempt=0, batch_no=0, token_ids=tokens[:6])).events
     folded = fold(orjson.loads(e.payload) for e in events)
     assert folded["status"] == "in_progress"

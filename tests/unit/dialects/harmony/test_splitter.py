@@ -1,12 +1,14 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steno.services.parser.harmony import HarmonyStreamSplitter, MalformedOutput, MessageEnded, MessageStarted, TextDelta
-from tests.harmony_samples import assistant, completion, encoding
+from steno.schemas.responses import ParseContext
+from steno.services.dialects import MalformedOutput, MessageEnded, MessageStarted, TextDelta
+from steno.services.dialects.harmony.splitter import normalized_recipient
+from tests.harmony_samples import assistant, completion, encoding, harmony
 
 
-def split_all(tokens, cuts):
-    splitter = HarmonyStreamSplitter(encoding())
+def split_all(tokens, cuts, context=ParseContext()):
+    splitter = harmony().splitter(context)
     fragments, start = [], 0
     for cut in sorted(set(cuts)) + [len(tokens)]:
         fragments += splitter.feed(tokens[start:cut])
@@ -47,11 +49,9 @@ def test_function_call_header_carries_recipient_and_content_type():
 
 def test_cut_short_message_stays_open():
     tokens = completion([assistant("final", "a long answer that is cut")])[:6]
-    splitter = HarmonyStreamSplitter(encoding())
-    fragments = splitter.feed(tokens)
+    fragments = harmony().splitter(ParseContext()).feed(tokens)
     assert isinstance(fragments[0], MessageStarted)
     assert not any(isinstance(f, MessageEnded) for f in fragments)
-    assert splitter.in_message
 
 
 def test_grammar_violation_is_reported_not_raised():
@@ -84,7 +84,8 @@ HEADER_WORDS = [" to=functions.get_weather", " to=browser.search", " <|constrain
 
 
 class HarmonyReference:
-    """The fragments as openai-harmony's StreamableParser reports them, token by token."""
+    """The fragments as openai-harmony's StreamableParser reports them, token by token
+    (a constraint it reads as a recipient is none, as the fragment vocabulary has it)."""
 
     def __init__(self, enc):
         from openai_harmony import Role, StreamableParser
@@ -111,7 +112,8 @@ class HarmonyReference:
             in_content = self.parser.state == StreamState.CONTENT
             if in_content and not self.in_content:
                 self.channel = self.parser.current_channel
-                fragments.append(MessageStarted(self.channel, self.parser.current_recipient,
+                fragments.append(MessageStarted(self.channel,
+                                                normalized_recipient(self.parser.current_recipient, ParseContext()),
                                                 self.parser.current_content_type))
             if in_content:
                 self.reasoning_tokens += self.channel == "analysis"
@@ -152,6 +154,5 @@ def test_fragments_are_what_harmony_own_parser_reads(texts, channels, noise, raw
     whole_splitter, whole = split_all(tokens, [])
     assert whole == expected
     assert whole_splitter.reasoning_tokens == reference.reasoning_tokens
-    assert whole_splitter.in_message == reference.in_content
     assert messages_of(fragments) == messages_of(expected)
     assert splitter.reasoning_tokens == reference.reasoning_tokens

@@ -1,12 +1,13 @@
 import pytest
 
 from steno.schemas.api import CreateResponseRequest
-from steno.services.api.render import InvalidInput, build_conversation, render_prompt
-from tests.harmony_samples import encoding
+from steno.services.dialects import InvalidInput
+from steno.services.dialects.harmony.render import build_conversation
+from tests.harmony_samples import encoding, harmony
 
 
 def decoded(request: CreateResponseRequest) -> str:
-    return encoding().decode(render_prompt(encoding(), request, 1767225600).token_ids)
+    return encoding().decode(harmony().render(request, 1767225600).token_ids)
 
 
 def test_string_input_system_and_start_date():
@@ -96,5 +97,54 @@ def test_rendering_reuses_messages_and_matches_harmony_rendering_the_whole_conve
     request = CreateResponseRequest(model="m", **request_body)
     conversation, _ = build_conversation(request, 1767225600)
     whole = encoding().render_conversation_for_completion(conversation, Role.ASSISTANT)
-    assert render_prompt(encoding(), request, 1767225600).token_ids == whole
-    assert render_prompt(encoding(), request, 1767225600).token_ids == whole  # from the reused messages
+    assert harmony().render(request, 1767225600).token_ids == whole
+    assert harmony().render(request, 1767225600).token_ids == whole  # from the reused messages
+
+
+def test_a_replayed_bare_call_goes_to_the_top_level_tool_not_a_namespaced_namesake():
+    search = {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {}}}
+    crm = {"type": "namespace", "name": "crm", "tools": [dict(search)]}
+    call = [{"role": "user", "content": "find it"},
+            {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "found"}]
+    text = decoded(CreateResponseRequest(model="m", input=call, tools=[search, crm]))
+    assert "to=functions.search<|channel|>" in text
+    assert "<|start|>functions.search to=assistant" in text
+    assert "functions.crm.search<|" not in text
+
+
+def test_a_replayed_ambiguous_bare_call_is_rendered_as_received():
+    namespaced = [{"type": "namespace", "name": ns, "tools": [{"type": "function", "name": "search"}]}
+                  for ns in ("crm", "docs")]
+    call = [{"role": "user", "content": "find it"},
+            {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"}]
+    text = decoded(CreateResponseRequest(model="m", input=call, tools=namespaced))
+    assert "to=functions.search<|channel|>" in text
+
+
+def test_the_rendered_prompt_names_its_dialect_tools_and_stop_tokens():
+    tool = {"type": "custom", "name": "apply_patch"}
+    rendered = harmony().render(CreateResponseRequest(model="m", input="x", tools=[tool]), 0)
+    assert rendered.parse_context.dialect == "harmony"
+    assert rendered.parse_context.prompt_tokens == len(rendered.token_ids)
+    assert rendered.parse_context.function_tools == ["apply_patch"]
+    assert rendered.parse_context.custom_tools == ["apply_patch"]
+    stops = {encoding().decode([token]) for token in rendered.stop_token_ids}
+    assert stops == {"<|return|>", "<|call|>"}
+
+
+def test_only_system_and_developer_messages_are_kept_for_reuse():
+    """A tenant's text is not kept in memory after its request (nor a large developer
+    message): only the small messages most requests share are reused."""
+    from steno.services.dialects.harmony.render import ConversationRenderer
+
+    renderer = ConversationRenderer(encoding())
+    secret = "my secret plan " * 10
+    huge_instructions = "x" * 70_000
+    for request in (CreateResponseRequest(model="m", input=secret, instructions="Be brief."),
+                    CreateResponseRequest(model="m", input="hi", instructions=huge_instructions)):
+        conversation, _ = build_conversation(request, 0)
+        renderer.render(conversation)
+    kept = " ".join(text for text, _ in renderer._reused)
+    assert "Be brief." in kept
+    assert "secret" not in kept and huge_instructions not in kept

@@ -3,44 +3,17 @@
 A pure, incremental layer: tokens in, a flat list of message fragments out (message
 started / text delta / message ended), exactly as openai-harmony's StreamableParser
 reads the stream (its parser reads every header). It knows nothing of the Responses
-API; ``response_builder`` turns fragments into events."""
+API; the parser service turns fragments into events."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from functools import lru_cache
+from typing import Sequence
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
-
-@dataclass(frozen=True, slots=True)
-class MessageStarted:
-    channel: str | None
-    recipient: str | None
-    content_type: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-    # Index of the token that produced this text within the tokens fed in one call.
-    token_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class MessageEnded:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class MalformedOutput:
-    """The model broke the Harmony grammar; the tokens after this one are not parsed."""
-
-    detail: str
-
-
-Fragment = MessageStarted | TextDelta | MessageEnded | MalformedOutput
+from steno.schemas.responses import ParseContext
+from steno.services.dialects.base import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
 
 
 class HarmonyStreamSplitter:
@@ -49,12 +22,13 @@ class HarmonyStreamSplitter:
     The message framing is followed here, token by token: ``<|start|>``, a header up to
     ``<|message|>``, content up to a stop token. Each header is read by openai-harmony's
     own parser, and what it made of a header is remembered, since the same few headers
-    recur. Running Harmony's parser on every token cost about a third of the parser
-    service's CPU: it renders a formatting token (a pass over ~1,100 special tokens) for
-    each header token and for each new parser (``steno bench``)."""
+    recur: Harmony's parser renders a formatting token (a pass over all its special
+    tokens) for each header token and for each new parser, which on every token was a
+    large part of the parser service's CPU (docs/performance.md)."""
 
-    def __init__(self, encoding: HarmonyEncoding) -> None:
-        self._grammar = _grammar_of(encoding)
+    def __init__(self, grammar: HarmonyGrammar, context: ParseContext) -> None:
+        self._grammar = grammar
+        self._context = context
         self._state = _HEADER
         self._first_message = True  # its role (assistant) ended the prompt
         self._header: list[int] = []
@@ -65,11 +39,7 @@ class HarmonyStreamSplitter:
         # as usage.output_tokens_details.reasoning_tokens.
         self.reasoning_tokens = 0
 
-    @property
-    def in_message(self) -> bool:
-        return self._state is _CONTENT
-
-    def feed(self, token_ids: list[int]) -> list[Fragment]:
+    def feed(self, token_ids: Sequence[int]) -> list[Fragment]:
         fragments: list[Fragment] = []
         if self._broken:
             return fragments
@@ -103,7 +73,8 @@ class HarmonyStreamSplitter:
                 self._header = []
                 self._state = _CONTENT
                 self.channel = header.channel
-                fragments.append(header)
+                fragments.append(MessageStarted(header.channel, normalized_recipient(header.recipient, self._context),
+                                                header.content_type))
                 if self.channel == "analysis":
                     self.reasoning_tokens += 1
         return fragments
@@ -136,8 +107,23 @@ _EXPECT_START, _HEADER, _CONTENT = "expect start", "header", "content"
 _HEADERS_REMEMBERED = 4096
 
 
-class _Grammar:
-    """One encoding's framing tokens, token bytes, and the headers read so far."""
+def normalized_recipient(recipient: str | None, context: ParseContext) -> str | None:
+    """openai-harmony reads a content-type constraint in a header without a recipient
+    (``<|channel|>final <|constrain|>json<|message|>``) as the recipient
+    ``<|constrain|>json`` (or ``json``): that is a message, not a call."""
+    if not recipient or recipient.startswith("<|"):
+        return None
+    if recipient in _CONTENT_TYPES and recipient not in context.function_tools:
+        return None
+    return recipient
+
+
+_CONTENT_TYPES = frozenset({"json", "code", "text"})
+
+
+class HarmonyGrammar:
+    """One encoding's framing tokens, token bytes, and the headers read so far (shared
+    by every response's splitter)."""
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
@@ -178,7 +164,3 @@ class _Grammar:
             self._headers.popitem(last=False)
         return known
 
-
-@lru_cache(maxsize=4)
-def _grammar_of(encoding: HarmonyEncoding) -> _Grammar:
-    return _Grammar(encoding)

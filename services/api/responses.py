@@ -1,0 +1,237 @@
+"""The Responses service: what ``/v1/responses`` does, apart from HTTP.
+
+Creating a response records it (row, input items, ``response.created``) in one
+statement, then queues its generation; streaming hands it to the edge; retrieving
+folds what is stored. Every lookup is scoped to the caller's tenant: another tenant's
+response is the same 404 as a missing one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, get_args
+
+import orjson
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from openai.types.responses import ResponseIncludable
+
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import CancelOrder
+from steno.schemas.events import LoggedEvent, failure_events
+from steno.schemas.fold import fold
+from steno.schemas.ids import new_response_id
+from steno.services.api.errors import ApiError
+from steno.services.api.models import ModelDirectory
+from steno.services.api.response_plan import history_items, plan_response
+from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
+from steno.services.common.bus import Names
+from steno.services.dialects import Dialect, InvalidInput, UnknownDialect, dialect_named
+from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
+
+log = logging.getLogger(__name__)
+
+INCLUDABLE = frozenset(get_args(ResponseIncludable))
+# How long a cancel waits for the terminal event before answering with the snapshot as it stands.
+CANCEL_WAIT_S = 10.0
+INTERRUPTED = "The stream was interrupted; resume it with starting_after set to the last sequence number received."
+UNPUBLISHED = "The generation queue was unavailable."
+
+
+@dataclass(frozen=True)
+class EventStream:
+    """A response's events as SSE chunks, each with whether it ends the stream."""
+
+    chunks: AsyncGenerator[tuple[bytes, bool], None]
+
+
+def check_include(include: list[str] | None, param: str = "include") -> None:
+    for index, value in enumerate(include or []):
+        if value not in INCLUDABLE:
+            raise ApiError(400, f"Unsupported include value {value!r}.", param=f"{param}[{index}]", code="invalid_value")
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response found with id '{response_id}'.", param="response_id")
+
+
+class ResponsesService:
+    def __init__(
+        self,
+        *,
+        names: Names,
+        js: JetStreamContext,
+        store: ResponseStore,
+        reader: EventReader,
+        tail: ResponseTail,
+        models: ModelDirectory,
+        cancel_flags: KeyValue,
+        origin: str,
+    ) -> None:
+        """``origin``: this process's tag, carried by the ids it makes (their events are
+        announced where ``tail`` listens for them)."""
+        self._names = names
+        self._js = js
+        self._store = store
+        self._reader = reader
+        self._tail = tail
+        self._models = models
+        self._cancel_flags = cancel_flags
+        self._origin = origin
+
+    async def create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
+        """Records and queues a response: its event stream (``stream``), the queued
+        response (``background``), or the finished one."""
+        if request.background and not request.store:
+            raise ApiError(400, "Background responses must be stored (store=true).", param="store", code="invalid_value")
+        check_include(request.include)
+        history = await self._history(request, tenant)
+        dialect = await self._dialect_of(request.model)
+        response_id = new_response_id(self._origin)
+        try:
+            plan = plan_response(request, response_id, tenant, int(time.time()), dialect, history)
+        except InvalidInput as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
+        snapshot = plan.record.base_snapshot
+        await self._store.create(plan.record, plan.first_events)
+        # A stream listens before the work is queued, so it starts from the events just
+        # stored without reading them back.
+        live = await self._tail.listen(response_id) if request.stream else None
+        try:
+            await self._js.publish(self._names.gen_subject(request.model), plan.generation.model_dump_json().encode(),
+                                   headers={"Nats-Msg-Id": response_id})
+        except Exception as exc:
+            log.exception("publishing %s failed", response_id)
+            if live is not None:
+                await live.close()
+            events, failed = failure_events(len(plan.first_events), snapshot, UNPUBLISHED)
+            await self._store.fail_unstarted(response_id, events, failed)
+            raise ApiError(503, "The generation queue is unavailable; retry shortly.") from exc
+        if live is not None:
+            return self._event_stream(response_id, -1, snapshot, live=live, known=plan.first_events)
+        if request.background:
+            return snapshot
+        final = await self._terminal_snapshot(response_id)
+        if final is None:
+            raise ApiError(500, "The response ended without a terminal event.")
+        return final
+
+    async def retrieve(self, response_id: str, tenant: str) -> dict[str, Any]:
+        return await self._current_snapshot(await self._owned(response_id, tenant))
+
+    async def stream(self, response_id: str, tenant: str, starting_after: int | None) -> EventStream:
+        """Every stored event after ``starting_after`` (all without it), then the live ones."""
+        stored = await self._owned(response_id, tenant)
+        if starting_after is not None:
+            if starting_after < 0:
+                raise ApiError(400, "starting_after must be a sequence number (0 or more).", param="starting_after")
+            last = await self._store.last_seq(response_id)
+            if starting_after > last or (stored.finished and starting_after >= last):
+                raise ApiError(400, f"starting_after={starting_after} is beyond the end of the stream "
+                               f"(last event {last}).", param="starting_after")
+        after = -1 if starting_after is None else starting_after
+        return self._event_stream(response_id, after, stored.base_snapshot)
+
+    async def cancel(self, response_id: str, tenant: str) -> dict[str, Any]:
+        """Cancels a background response: its terminal snapshot, or (if the terminal event
+        is slow to come) the snapshot as it stands."""
+        stored = await self._owned(response_id, tenant)
+        if not stored.background:
+            raise ApiError(400, "Only responses created with background=true can be cancelled.", param="response_id")
+        if stored.status == "cancelled":
+            return await self._current_snapshot(stored)
+        if stored.finished:
+            raise ApiError(400, f"Cannot cancel a response whose status is '{stored.status}'.", param="response_id")
+        await self._order_cancel(response_id)
+        final = await self._terminal_snapshot(response_id, CANCEL_WAIT_S)
+        if final is not None:
+            return final
+        refreshed = await self._store.get(response_id, tenant)
+        return await self._current_snapshot(refreshed or stored)
+
+    async def delete(self, response_id: str, tenant: str) -> dict[str, Any]:
+        """Deletes a response with its events, tokens and input items; a running one is
+        cancelled first."""
+        stored = await self._owned(response_id, tenant)
+        if not stored.finished:
+            await self._order_cancel(response_id)
+        if not await self._store.delete(response_id, tenant):
+            raise _not_found(response_id)  # deleted meanwhile
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    async def input_items(self, response_id: str, tenant: str, after: str | None, limit: int,
+                          descending: bool) -> InputItemsPage:
+        await self._owned(response_id, tenant)
+        page = await self._store.input_items_page(response_id, after, limit, descending=descending)
+        if page is None:
+            raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
+        return page
+
+    async def _owned(self, response_id: str, tenant: str) -> StoredResponse:
+        """The caller's stored response, or the same 404 whether it is missing or another tenant's."""
+        stored = await self._store.get(response_id, tenant)
+        if stored is None:
+            raise _not_found(response_id)
+        return stored
+
+    async def _dialect_of(self, model: str) -> Dialect:
+        registration = await self._models.registration(model)
+        if registration is None:
+            raise ApiError(404, f"The model '{model}' does not exist or no worker serves it.", param="model",
+                           code="model_not_found")
+        try:
+            return dialect_named(registration.dialect)
+        except UnknownDialect as exc:
+            log.error("model %s is served in dialect %r, which this API does not know", model, registration.dialect)
+            raise ApiError(503, f"The model '{model}' speaks a dialect this server cannot render yet; retry "
+                           "shortly.", param="model") from exc
+
+    async def _history(self, request: CreateResponseRequest, tenant: str) -> list[dict[str, Any]]:
+        if request.previous_response_id is None:
+            return []
+        chain = await self._store.conversation_before(request.previous_response_id, tenant)
+        if not chain or chain[-1].response_id != request.previous_response_id:
+            raise ApiError(400, f"Previous response with id '{request.previous_response_id}' not found.",
+                           param="previous_response_id", code="previous_response_not_found")
+        if not chain[-1].finished:
+            raise ApiError(400, f"Previous response '{request.previous_response_id}' has not finished yet.",
+                           param="previous_response_id", code="previous_response_in_progress")
+        inputs = await self._store.input_items_of([turn.response_id for turn in chain])
+        return history_items(chain, inputs)
+
+    def _event_stream(self, response_id: str, after: int, snapshot: dict[str, Any], live: LiveEvents | None = None,
+                      known: list[LoggedEvent] | None = None) -> EventStream:
+        runs = self._tail.runs(response_id, after=after, live=live, known=known, keepalive_s=KEEPALIVE_S)
+
+        def interrupted(last_seq: int) -> list[LoggedEvent]:
+            """The end of a stream the edge could not finish (not part of the log)."""
+            return failure_events(last_seq + 1, snapshot, INTERRUPTED, event_code="stream_interrupted")[0]
+
+        return EventStream(sse_body(runs, interrupted))
+
+    async def _terminal_snapshot(self, response_id: str, timeout_s: float | None = None) -> dict[str, Any] | None:
+        async def wait() -> dict[str, Any] | None:
+            async for event in self._tail.events(response_id, after=-1):
+                if event.is_terminal:
+                    terminal: dict[str, Any] = orjson.loads(event.payload)["response"]
+                    return terminal
+            return None
+
+        try:
+            return await asyncio.wait_for(wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _current_snapshot(self, stored: StoredResponse) -> dict[str, Any]:
+        if stored.snapshot is not None:
+            return stored.snapshot
+        events = await self._reader.read_after(stored.response_id, -1)
+        return fold(orjson.loads(e.payload) for e in events) or stored.base_snapshot
+
+    async def _order_cancel(self, response_id: str) -> None:
+        await self._store.request_cancel(response_id)
+        # Every worker watches the flags: the one generating the response aborts it, and
+        # whichever picks it up later ends it at once.
+        await self._cancel_flags.put(response_id, CancelOrder(response_id=response_id).model_dump_json().encode())

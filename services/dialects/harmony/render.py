@@ -1,0 +1,247 @@
+"""Renders a Responses request into the Harmony prompt for gpt-oss (pure).
+
+System message: reasoning effort, conversation start date, built-in tools (browser
+for web search, python for code interpreter). Developer message: ``instructions``
+(plus any ``system``/``developer`` role input, plus what ``tool_choice`` asks) and the
+function tools (see ``services/dialects/tools.py``). Then the input items, in order."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import orjson
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyEncoding,
+    Message,
+    ReasoningEffort,
+    RenderOptions,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
+
+from steno.schemas.api import CreateResponseRequest
+from steno.services.dialects.base import InvalidInput
+from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG, ToolCatalog, apply_tool_choice, tool_catalog
+
+_EFFORTS = {
+    "minimal": ReasoningEffort.LOW,
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
+_TEXT_PART_TYPES = {"input_text", "output_text", "text", "reasoning_text", "summary_text"}
+
+
+def _text_of(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidInput("content must be a string or a list of content parts", param)
+    texts = []
+    for index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+            continue
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidInput(f"unsupported content part type {kind!r}", f"{param}[{index}]")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _call(recipient: str, arguments: str, channel: str = "commentary") -> Message:
+    return (
+        Message.from_role_and_content(Role.ASSISTANT, arguments)
+        .with_channel(channel)
+        .with_recipient(recipient)
+        .with_content_type("json")
+    )
+
+
+def _tool_result(author: str, text: str) -> Message:
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, author), text)
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
+def _output_text(output: Any, param: str) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _text_of(output, param)
+    return orjson.dumps(output).decode()
+
+
+def _required_str(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{item.get('type')} items need a {key!r} string", f"{param}.{key}")
+    return value
+
+
+def _input_messages(
+    items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog, call_authors: dict[str, str]
+) -> list[Message]:
+    """``call_authors`` maps call ids seen so far (in earlier turns too) to the tool
+    that answers them."""
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        param = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidInput("an input item must be an object", param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            text = _text_of(item.get("content"), f"{param}.content")
+            if role in ("system", "developer"):
+                instructions.append(text)
+            elif role == "user":
+                messages.append(Message.from_role_and_content(Role.USER, text))
+            elif role == "assistant":
+                channel = "commentary" if item.get("phase") == "commentary" else "final"
+                messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel))
+            else:
+                raise InvalidInput(f"unsupported message role {role!r}", f"{param}.role")
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            text = _text_of(parts, f"{param}.content")
+            messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id = _required_str(item, "call_id", param)
+            name = catalog.qualified(_required_str(item, "name", param), item.get("namespace"))
+            if kind == "function_call":
+                arguments = item.get("arguments") or ""
+            else:
+                arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: item.get("input") or ""}).decode()
+            call_authors[call_id] = f"functions.{name}"
+            messages.append(_call(f"functions.{name}", str(arguments)))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = item.get("call_id")
+            if call_id not in call_authors:
+                raise InvalidInput(f"no tool call with call_id {call_id!r} precedes this output", f"{param}.call_id")
+            messages.append(_tool_result(call_authors[call_id], _output_text(item.get("output"), f"{param}.output")))
+        elif kind == "code_interpreter_call":
+            messages.append(_call("python", item.get("code") or "", channel="analysis").with_content_type("code"))
+        elif kind == "web_search_call":
+            action = item.get("action") or {}
+            command = {"open_page": "open", "find_in_page": "find", "find": "find"}.get(action.get("type"), "search")
+            arguments = {k: v for k, v in action.items() if k != "type"}
+            messages.append(_call(f"browser.{command}", orjson.dumps(arguments).decode(), channel="analysis"))
+        elif kind == "mcp_call":
+            name = _required_str(item, "name", param)
+            label = item.get("server_label") or name
+            recipient = f"mcp.{name}" if label == name else name
+            messages.append(_call(recipient, item.get("arguments") or ""))
+            if item.get("output") is not None:
+                messages.append(_tool_result(recipient, _output_text(item["output"], f"{param}.output")))
+        else:
+            raise InvalidInput(f"unsupported input item type {kind!r}", f"{param}.type")
+    return messages
+
+
+def build_conversation(
+    request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = ()
+) -> tuple[Conversation, ToolCatalog]:
+    """``history``: the items of earlier turns (previous_response_id), oldest first."""
+    declared = tool_catalog(request.tools)
+    offered, choice_instruction = apply_tool_choice(declared, request.tool_choice)
+    system = SystemContent.new().with_conversation_start_date(
+        dt.datetime.fromtimestamp(created_at, dt.timezone.utc).strftime("%Y-%m-%d")
+    )
+    effort = request.reasoning.effort if request.reasoning else None
+    system = system.with_reasoning_effort(_EFFORTS[effort or "medium"])
+    if offered.browser:
+        system = system.with_browser_tool()
+    if offered.python:
+        system = system.with_python_tool()
+    instructions = [request.instructions] if request.instructions else []
+    call_authors: dict[str, str] = {}
+    # Instructions are not inherited from earlier turns.
+    messages = _input_messages(list(history), [], declared, call_authors)
+    if isinstance(request.input, str):
+        messages.append(Message.from_role_and_content(Role.USER, request.input))
+    else:
+        messages += _input_messages(request.input, instructions, declared, call_authors)
+    if choice_instruction:
+        instructions.append(choice_instruction)
+    conversation = [Message.from_role_and_content(Role.SYSTEM, system)]
+    if instructions or offered.functions:
+        developer = DeveloperContent.new()
+        if instructions:
+            developer = developer.with_instructions("\n\n".join(instructions))
+        if offered.functions:
+            developer = developer.with_function_tools([
+                ToolDescription.new(tool.qualified_name, tool.description, tool.parameters)
+                for tool in offered.functions.values()
+            ])
+        conversation.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+    return Conversation.from_messages(conversation + messages), offered
+
+
+# The system and developer messages are the same for most requests, and Harmony pays a
+# pass over its special tokens for every formatting token it renders, so those two are
+# rendered once and reused (docs/performance.md). Nothing else is kept: the other
+# messages are the tenants' own text, rarely repeated, and a large one would stay in
+# memory; nor is a message larger than this.
+_REUSED_ROLES = frozenset({Role.SYSTEM, Role.DEVELOPER})
+_REUSED_MAX_CHARS = 64 * 1024
+_REUSED_MAX = 256
+
+
+class ConversationRenderer:
+    """``encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)``,
+    message by message as Harmony does it, with system and developer messages rendered
+    before reused."""
+
+    def __init__(self, encoding: HarmonyEncoding) -> None:
+        self._encoding = encoding
+        self._completion_start = encoding.encode("<|start|>assistant", allowed_special="all")
+        self._reused: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+
+    def render(self, conversation: Conversation) -> list[int]:
+        messages = conversation.messages
+        has_function_tools = any(
+            isinstance(content, DeveloperContent) and content.tools and content.tools.get("functions")
+            and content.tools["functions"].tools
+            for message in messages for content in message.content
+        )
+        # Harmony's auto_drop_analysis: once the last assistant message is final, analysis
+        # messages before the first final one are left out.
+        last_assistant_is_final = next(
+            (message.channel == "final" for message in reversed(messages) if message.author.role == Role.ASSISTANT),
+            False,
+        )
+        first_final = next((i for i, message in enumerate(messages) if message.channel == "final"), None)
+        tokens: list[int] = []
+        for index, message in enumerate(messages):
+            if last_assistant_is_final and first_final is not None and index < first_final \
+                    and message.channel == "analysis":
+                continue
+            tokens += self._message(message, bool(has_function_tools))
+        return tokens + self._completion_start
+
+    def _message(self, message: Message, has_function_tools: bool) -> list[int]:
+        options = RenderOptions(conversation_has_function_tools=has_function_tools)
+        if message.author.role not in _REUSED_ROLES:
+            return self._encoding.render(message, options)
+        text = message.to_json()
+        if len(text) > _REUSED_MAX_CHARS:
+            return self._encoding.render(message, options)
+        key = (text, has_function_tools)
+        tokens = self._reused.get(key)
+        if tokens is None:
+            tokens = self._encoding.render(message, options)
+            self._reused[key] = tokens
+            if len(self._reused) > _REUSED_MAX:
+                self._reused.popitem(last=False)
+        else:
+            self._reused.move_to_end(key)
+        return tokens

@@ -1,0 +1,44 @@
+from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStreamOrder
+
+RID = "resp_order"
+
+
+def batch(attempt: int, number: int, tokens: int = 2, resumed_after: int | None = None) -> TokenBatch:
+    return TokenBatch(response_id=RID, attempt=attempt, batch_no=number, token_ids=[1] * tokens,
+                      resumed_after=resumed_after)
+
+
+def end(attempt: int, count: int) -> GenerationEnded:
+    return GenerationEnded(response_id=RID, attempt=attempt, batch_count=count, finish_reason="stop",
+                           prompt_tokens=1, output_tokens=0)
+
+
+def test_batches_apply_in_order_and_what_was_applied_is_a_duplicate():
+    order = TokenStreamOrder()
+    assert order.place(batch(0, 1)) is Placement.AHEAD
+    assert order.place(batch(0, 0)) is Placement.NEXT
+    order.advance(batch(0, 0))
+    assert order.place(batch(0, 0)) is Placement.DUPLICATE
+    assert order.place(batch(0, 1)) is Placement.NEXT
+    assert (order.next_batch_no, order.output_tokens) == (1, 2)
+
+
+def test_a_later_attempt_starts_at_zero_and_must_continue_after_every_token():
+    order = TokenStreamOrder()
+    order.advance(batch(0, 0, tokens=3))
+    assert order.place(batch(1, 1, resumed_after=3)) is Placement.AHEAD
+    assert order.place(batch(1, 0, resumed_after=2)) is Placement.DIVERGED
+    assert order.place(batch(1, 0, resumed_after=3)) is Placement.NEXT
+    order.advance(batch(1, 0, resumed_after=3))
+    assert order.place(batch(0, 1)) is Placement.DUPLICATE  # the earlier attempt is over
+    assert (order.attempt, order.next_batch_no, order.output_tokens) == (1, 1, 5)
+
+
+def test_an_end_counts_as_the_attempts_next_number_and_nothing_follows_it():
+    order = TokenStreamOrder()
+    order.advance(batch(0, 0))
+    assert order.place(end(0, 2)) is Placement.AHEAD
+    assert order.place(end(0, 1)) is Placement.NEXT
+    order.advance(end(0, 1))
+    assert order.ended
+    assert order.place(batch(1, 0)) is Placement.DUPLICATE

@@ -1,0 +1,34 @@
+from typing import get_args
+
+import orjson
+from openai.types.responses import ResponseStreamEvent
+
+from steno.schemas.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, created_event, failure_events
+from tests.events_oracle import validate_events, validate_response
+
+SNAPSHOT = {"id": "resp_x", "object": "response", "created_at": 1, "status": "in_progress", "error": None,
+            "model": "m", "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+def test_every_event_type_is_one_the_sdk_knows():
+    sdk_types = {get_args(member.model_fields["type"].annotation)[0] for member in get_args(get_args(
+        ResponseStreamEvent)[0])}
+    assert EVENT_TYPES <= sdk_types
+    assert TERMINAL_EVENT_TYPES <= EVENT_TYPES
+
+
+def test_a_failure_ends_the_stream_with_error_then_response_failed():
+    events, failed = failure_events(7, SNAPSHOT, "It broke.", event_code="stream_interrupted")
+    assert [(e.seq, e.type) for e in events] == [(7, "error"), (8, "response.failed")]
+    error, terminal = validate_events([e.payload for e in events])
+    assert (error.code, error.message) == ("stream_interrupted", "It broke.")
+    assert terminal.response.status == "failed" and terminal.response.error.code == "server_error"
+    assert orjson.loads(events[1].payload)["response"] == failed
+    assert events[1].is_terminal and not events[0].is_terminal
+    validate_response(failed)
+
+
+def test_the_created_event_is_sequence_zero():
+    event = created_event(SNAPSHOT)
+    assert (event.seq, event.type) == (0, "response.created")
+    assert validate_events([event.payload])[0].response.id == "resp_x"
