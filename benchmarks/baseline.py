@@ -20,8 +20,8 @@ from steno.schemas.bus import GenerationEnded, SamplingParams, TokenBatch
 from steno.schemas.ids import new_response_id
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
-from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.common.runtime import freeze_startup_heap
+from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.edge import EventStreamResponse, frame
 from steno.services.parser.response_state import ResponseState
 from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
@@ -57,7 +57,8 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
                 if output.token_ids:
                     batch = TokenBatch(response_id=response_id, attempt=0, batch_no=batch_no,
                                        token_ids=output.token_ids)
-                    for event in state.apply_batch(batch).events:
+                    applied = state.apply_batch(batch)
+                    for event in applied.events if applied else []:
                         yield frame(event), False
                     batch_no += 1
                     produced += len(output.token_ids)
@@ -65,7 +66,8 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
                     ended = GenerationEnded(response_id=response_id, attempt=0, batch_count=batch_no,
                                             finish_reason=output.finish_reason, prompt_tokens=len(prompt),
                                             output_tokens=produced)
-                    for event in state.apply_end(ended).events:
+                    finished = state.apply_end(ended)
+                    for event in finished.events if finished else []:
                         yield frame(event), event.is_terminal
 
         return EventStreamResponse(frames())

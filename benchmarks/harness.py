@@ -30,9 +30,10 @@ import sys
 import tempfile
 import time
 import timeit
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import httpx
@@ -45,16 +46,16 @@ from steno.benchmarks.vllm_side_by_side import side_by_side
 from steno.infra.embedded import free_port, resolve
 from steno.infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, ensure_streams
 from steno.services.common.config import Settings
 from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import ResponseState
-from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
 from steno.services.worker.simulator import completion_tokens
 
 MODEL = "steno-simulator"
@@ -76,7 +77,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -170,7 +171,8 @@ class Bench:
         for _ in range(self.api_replicas):
             self.stack.add_api()
         with open(self.work / "baseline.log", "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "steno.benchmarks.baseline", "--port", str(self.baseline_port)],
+            process = subprocess.Popen([sys.executable, "-m", "steno.benchmarks.baseline",
+                                        "--port", str(self.baseline_port)],
                                        stdout=log, stderr=subprocess.STDOUT)
         self.baseline = ServiceProcess("baseline", [], self.work / "baseline.log", process)
         await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", self.baseline)
@@ -190,7 +192,8 @@ class Bench:
         return f"http://127.0.0.1:{self.baseline_port}/v1/responses"
 
     def pids(self) -> dict[str, int]:
-        return {p.name: p.process.pid for p in self.stack.processes if p.process} | {"baseline": self.baseline.process.pid}
+        processes = [*self.stack.processes, *([self.baseline] if self.baseline is not None else [])]
+        return {p.name: p.pid for p in processes if p.process is not None}
 
     def cpu_by_process(self) -> dict[str, float]:
         """CPU seconds so far of each service, of the load generator, and of Postgres and
@@ -234,7 +237,7 @@ class Bench:
                            for name, urls in sides.items()}
                 # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
                 # server that has been serving; the first burst after a start measures start-up.
-                for name, side in clients.items():
+                for side in clients.values():
                     await asyncio.gather(*(one_stream(side[i % len(side)], "warm up") for i in range(level)))
                 before = self.cpu_by_process()
                 for block in range(0, rounds, ROUNDS_PER_BLOCK):
@@ -259,12 +262,15 @@ class Bench:
             out[str(level)] = row
             print(f"ttfe {level:>4} streams: steno first content p50 {row['steno']['first_content_ms_p50']:.1f} ms "
                   f"p99 {row['steno']['first_content_ms_p99']:.1f} ms | baseline p50 "
-                  f"{row['baseline']['first_content_ms_p50']:.1f} ms p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
-                  f" | added p50 {row['added_first_content_ms_p50']:.1f} ms p99 {row['added_first_content_ms_p99']:.1f} ms"
+                  f"{row['baseline']['first_content_ms_p50']:.1f} ms"
+                  f" p99 {row['baseline']['first_content_ms_p99']:.1f} ms"
+                  f" | added p50 {row['added_first_content_ms_p50']:.1f} ms"
+                  f" p99 {row['added_first_content_ms_p99']:.1f} ms"
                   f" | first event added p50 {row['added_first_event_ms_p50']:.1f} ms"
                   f" p99 {row['added_first_event_ms_p99']:.1f} ms"
                   f" | errors {row['steno']['errors']}/{row['baseline']['errors']}"
-                  f" | CPU ms per request {row['steno']['cpu_ms_per_request']} / {row['baseline']['cpu_ms_per_request']}",
+                  f" | CPU ms per request {row['steno']['cpu_ms_per_request']}"
+                  f" / {row['baseline']['cpu_ms_per_request']}",
                   flush=True)
         return out
 
@@ -280,7 +286,8 @@ class Bench:
             await asyncio.gather(*(loop(i) for i in range(level)))
             elapsed = time.perf_counter() - started
         latency = [s["total_s"] * 1000 for s in samples if "error" not in s]
-        return {"requests": len(samples), "errors": sum("error" in s for s in samples), "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,
+        return {"requests": len(samples), "errors": sum("error" in s for s in samples),
+                "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,
                 "events_per_s": sum(s["events"] for s in samples) / elapsed,
                 "latency_ms_p50": pct(latency, .5), "latency_ms_p99": pct(latency, .99)}
 
@@ -357,7 +364,8 @@ class Bench:
             ids.append(rid)
             batch_no = 0
             for start in range(0, len(tokens), batch_tokens):
-                batch = TokenBatch(response_id=rid, attempt=0, batch_no=batch_no, token_ids=tokens[start:start + batch_tokens])
+                batch = TokenBatch(response_id=rid, attempt=0, batch_no=batch_no,
+                                   token_ids=tokens[start:start + batch_tokens])
                 await js.publish(names.tokens_subject(rid), batch.model_dump_json().encode())
                 batch_no += 1
             ended = GenerationEnded(response_id=rid, attempt=0, batch_count=batch_no, finish_reason="stop",
@@ -371,13 +379,13 @@ class Bench:
                    " FROM responses WHERE id = ANY($1)"
         try:
             # The clock starts at the first sign of progress, after the parser's own start-up.
-            while (await pool.fetchrow(progress, ids))[0] == 0:
-                before, started = cpu_seconds(parser.process.pid), time.perf_counter()
+            while (await pool.fetchrow(progress, ids) or (0, 0))[0] == 0:
+                before, started = cpu_seconds(parser.pid), time.perf_counter()
                 await asyncio.sleep(0.01)
-            while (await pool.fetchrow(progress, ids))[1] < responses:
+            while (await pool.fetchrow(progress, ids) or (0, 0))[1] < responses:
                 await asyncio.sleep(0.02)
             elapsed = time.perf_counter() - started
-            cores = (cpu_seconds(parser.process.pid) - before) / elapsed
+            cores = (cpu_seconds(parser.pid) - before) / elapsed
         finally:
             stack.stop()
             await pool.close()
@@ -392,10 +400,11 @@ class Bench:
     async def fanout(self, clients: int) -> dict[str, Any]:
         api = next(p for p in self.stack.processes if p.name.startswith("api"))
         async with httpx.AsyncClient(timeout=30) as http:
-            created = (await http.post(self.steno_url, json={"model": IDLE_MODEL, "input": "idle", "background": True})).json()
+            body = {"model": IDLE_MODEL, "input": "idle", "background": True}
+            created = (await http.post(self.steno_url, json=body)).json()
         url = f"{self.steno_url}/{created['id']}"
         await asyncio.sleep(1)
-        rss_before = rss_bytes(api.process.pid)
+        rss_before = rss_bytes(api.pid)
         opened = 0
         limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=30), limits=limits) as http:
@@ -415,12 +424,10 @@ class Bench:
                     await asyncio.sleep(3600)
 
             tasks = [asyncio.create_task(tail()) for _ in range(clients)]
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 120)
-            except asyncio.TimeoutError:
-                pass
             await asyncio.sleep(2)
-            rss_after = rss_bytes(api.process.pid)
+            rss_after = rss_bytes(api.pid)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -444,14 +451,15 @@ class Bench:
         tokens = dialect.write_completion([CompletionMessage("final", words)])[: events_wanted - 8]
         state = ResponseState(rid, plan.record.base_snapshot, ParseContext())
         write = ResponseWrite(rid)
-        for i, token in enumerate(tokens):
-            applied = state.apply_batch(TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token]))
+        batches: list[TokenStreamMessage] = [TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token])
+                                             for i, token in enumerate(tokens)]
+        batches.append(GenerationEnded(response_id=rid, attempt=0, batch_count=len(tokens), finish_reason="stop",
+                                       prompt_tokens=10, output_tokens=len(tokens)))
+        for message in batches:
+            applied = state.apply(message)
+            assert applied is not None  # every message is new
             write.events += applied.events
-            write.consumed.append(TokenBatch(response_id=rid, attempt=0, batch_no=i, token_ids=[token]))
-        ended = GenerationEnded(response_id=rid, attempt=0, batch_count=len(tokens), finish_reason="stop",
-                                prompt_tokens=10, output_tokens=len(tokens))
-        write.events += state.apply_end(ended).events
-        write.consumed.append(ended)
+            write.consumed += applied.recorded
         write.final_snapshot = state.final_snapshot
         await EventLog(pool).commit([write])
         count = await pool.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", rid)
@@ -475,8 +483,8 @@ class Bench:
         times = []
         async with httpx.AsyncClient(timeout=60) as http:
             for i in range(count):
-                created = (await http.post(self.steno_url, json={"model": SLOW_MODEL, "input": f"cancel {i} {LONG_INPUT}",
-                                                                 "background": True})).json()
+                body = {"model": SLOW_MODEL, "input": f"cancel {i} {LONG_INPUT}", "background": True}
+                created = (await http.post(self.steno_url, json=body)).json()
                 await asyncio.sleep(0.5)  # generating by now
                 started = time.perf_counter()
                 reply = (await http.post(f"{self.steno_url}/{created['id']}/cancel")).json()

@@ -36,10 +36,10 @@ class SseClient:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._slots = asyncio.Semaphore(connections)
 
-    async def __aenter__(self) -> "SseClient":
+    async def __aenter__(self) -> SseClient:
         return self
 
-    async def __aexit__(self, *_) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         for _, writer in self._idle:
             writer.close()
         self._idle.clear()

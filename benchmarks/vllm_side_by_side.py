@@ -14,6 +14,7 @@ Needs vLLM importable: ``infra/vllm-env run steno bench --scenarios vllm``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -44,7 +45,7 @@ SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
 def steno_body(max_tokens: int) -> dict[str, Any]:
@@ -133,11 +134,11 @@ async def side_by_side(bench, work: Path, levels: list[int], max_tokens: int, ro
 
     port = free_port()
     with open(work / "vllm-serve.log", "ab") as log:
-        process = subprocess.Popen(
+        serve_process = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
              "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS],
             stdout=log, stderr=subprocess.STDOUT)
-    server = ServiceProcess("vllm-serve", [], work / "vllm-serve.log", process)
+    server = ServiceProcess("vllm-serve", [], work / "vllm-serve.log", serve_process)
     worker = bench.stack.add("worker-vllm", "worker", "--engine", "vllm", "--model", MODEL, "--model-path",
                              str(model_dir), "--batch-interval-ms", "20", *ENGINE_ARGS)
     try:
@@ -163,7 +164,8 @@ async def side_by_side(bench, work: Path, levels: list[int], max_tokens: int, ro
                        "added_first_content_ms_p99": steno["first_content_ms_p99"] - served["first_content_ms_p99"],
                        "ratio_tokens_per_s": steno["tokens_per_s"] / max(served["tokens_per_s"], 1e-9)}
                 out[str(level)] = row
-                print(f"vllm {level:>3} streams: steno (vLLM worker) first content p50 {steno['first_content_ms_p50']:.1f}"
+                print(f"vllm {level:>3} streams: steno (vLLM worker) first content p50"
+                      f" {steno['first_content_ms_p50']:.1f}"
                       f" ms p99 {steno['first_content_ms_p99']:.1f} ms, {steno['tokens_per_s']:,.0f} tok/s | vllm serve"
                       f" p50 {served['first_content_ms_p50']:.1f} ms p99 {served['first_content_ms_p99']:.1f} ms,"
                       f" {served['tokens_per_s']:,.0f} tok/s | added p50 {row['added_first_content_ms_p50']:.1f} ms,"
@@ -180,15 +182,13 @@ def _stop_with_descendants(process: ServiceProcess) -> None:
     import psutil  # a vLLM dependency
 
     try:
-        children = psutil.Process(process.process.pid).children(recursive=True)
+        children = psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
         children = []
     process.stop(timeout_s=30)
     for child in children:
-        try:
+        with contextlib.suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
 
 
 async def _wait_for_worker(http: httpx.AsyncClient, url: str, worker: ServiceProcess, max_tokens: int) -> None:

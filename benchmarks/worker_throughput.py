@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import statistics
@@ -101,17 +102,13 @@ def timed_jetstream(nc, samples: list[float]) -> None:
 
 async def drop_namespace(js, names: bus.Names) -> None:
     for stream in (names.gen_stream, names.tokens_stream):
-        try:
+        with contextlib.suppress(Exception):
             await js.delete_stream(stream)
-        except Exception:
-            pass
     for bucket in ("cancel_bucket", "workers_bucket"):
         name = getattr(names, bucket, None)
         if name:
-            try:
+            with contextlib.suppress(Exception):
                 await js.delete_key_value(name)
-            except Exception:
-                pass
 
 
 async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
@@ -170,7 +167,7 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
             await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
         try:
             await asyncio.wait_for(done.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             result.note = f"timed out: {len(ended)}/{len(requests)} ended"
         result.wall_s = time.perf_counter() - started
     finally:
@@ -197,14 +194,15 @@ async def engine_alone(engine, requests: list[GenerationRequest], result: Result
     try:
         counts = await asyncio.wait_for(asyncio.gather(*(one(i, r) for i, r in enumerate(requests))), timeout_s)
         result.engine_tokens = sum(counts)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         result.note = (result.note + "; " if result.note else "") + "engine-alone run timed out"
     result.engine_wall_s = time.perf_counter() - started
 
 
 def make_requests(count: int, sampling: SamplingParams) -> list[GenerationRequest]:
     return [
-        GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL, prompt_token_ids=p, sampling=sampling)
+        GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL, prompt_token_ids=p,
+                          sampling=sampling)
         for p in prompts(count)
     ]
 

@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,13 @@ class EmbeddedNats:
         self.url = f"nats://127.0.0.1:{port}"
         store = data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
-        self._log = open(data_dir / "nats.log", "ab")
-        self._process = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(data_dir / "nats.log", "ab") as log:  # the server keeps its own descriptor
+            self._process = subprocess.Popen(
+                [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 15
         while not answers("127.0.0.1", port):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -75,7 +75,6 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-        self._log.close()
 
 
 class EmbeddedPostgres:

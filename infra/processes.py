@@ -66,6 +66,12 @@ class ServiceProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError(f"{self.name} has not been started")
+        return self.process.pid
+
     def exited(self) -> int | None:
         return self.process.poll() if self.process else None
 

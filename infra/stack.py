@@ -56,7 +56,7 @@ def _children(args: argparse.Namespace) -> list[ServiceProcess]:
 
 def _stop(children: list[ServiceProcess]) -> None:
     for child in children:
-        if child.exited() is None:
+        if child.process is not None and child.exited() is None:
             child.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for child in children:

@@ -7,7 +7,8 @@ agrees with the terminal event's snapshot proves the item events told the whole 
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from steno.schemas.events import LIFECYCLE_EVENT_TYPES, EventType
 

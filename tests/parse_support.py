@@ -7,7 +7,6 @@ import random
 from steno.schemas.bus import GenerationEnded, TokenBatch
 from steno.schemas.responses import ParseContext
 from steno.services.parser.response_state import ResponseState
-from tests.harmony_samples import encoding
 
 RID = "resp_test"
 BASE = {
@@ -28,7 +27,8 @@ def batches(tokens: list[int], sizes: list[int], attempt: int = 0) -> list[Token
     for size in sizes:
         if start >= len(tokens):
             break
-        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no, token_ids=tokens[start:start + size]))
+        out.append(TokenBatch(response_id=RID, attempt=attempt, batch_no=batch_no,
+                              token_ids=tokens[start:start + size]))
         start += size
         batch_no += 1
     if start < len(tokens):

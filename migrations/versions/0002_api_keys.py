@@ -26,7 +26,8 @@ def upgrade() -> None:
         sa.Column("revoked_at", sa.DateTime(timezone=True)),
     )
     op.add_column("responses", sa.Column("cancel_requested_at", sa.DateTime(timezone=True)))
-    op.create_index("responses_expires_at", "responses", ["expires_at"], postgresql_where=sa.text("expires_at IS NOT NULL"))
+    op.create_index("responses_expires_at", "responses", ["expires_at"],
+                    postgresql_where=sa.text("expires_at IS NOT NULL"))
 
 
 def downgrade() -> None:

@@ -26,6 +26,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DELETE FROM response_events AS e WHERE NOT EXISTS (SELECT 1 FROM responses AS r WHERE r.id = e.response_id)")
+    op.execute("DELETE FROM response_events AS e"
+               " WHERE NOT EXISTS (SELECT 1 FROM responses AS r WHERE r.id = e.response_id)")
     op.execute("ALTER TABLE response_events ADD CONSTRAINT response_events_response_id_fkey"
                " FOREIGN KEY (response_id) REFERENCES responses (id) ON DELETE CASCADE")

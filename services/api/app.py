@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import AsyncIterator
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steno.schemas.ids import new_origin
 from steno.services import dialects
@@ -116,10 +116,10 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._reject(send)
+            return await self._reject(scope, receive, send)
         received = 0
 
-        async def counting_receive():
+        async def counting_receive() -> Message:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
@@ -130,11 +130,11 @@ class BodySizeLimit:
         try:
             await self.app(scope, counting_receive, send)
         except _TooLarge:
-            await self._reject(send)
+            await self._reject(scope, receive, send)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = JSONResponse(error_body(413, f"The request body exceeds {self.limit} bytes."), status_code=413)
-        await response({"type": "http"}, None, send)
+        await response(scope, receive, send)
 
 
 class _TooLarge(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -21,11 +23,11 @@ class ApiError(Exception):
         self.code = code
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
-def _param_from_location(location: tuple) -> str | None:
+def _param_from_location(location: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in location if p not in ("body", "query", "path")]
     if not parts:
         return None
@@ -35,11 +37,15 @@ def _param_from_location(location: tuple) -> str | None:
     return param
 
 
-async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
+# Starlette calls each handler only for its exception class, and types them all as
+# taking any exception.
+async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
     return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status)
 
 
-async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
     param = _param_from_location(tuple(first.get("loc", ())))
     if first.get("type") == "extra_forbidden":
@@ -59,7 +65,8 @@ async def validation_error_handler(_: Request, exc: RequestValidationError) -> J
     return JSONResponse(error_body(400, message, param, code), status_code=400)
 
 
-async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
     return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
@@ -24,6 +25,7 @@ class ResponsePlan:
 
 def _input_items(request: CreateResponseRequest, response_id: str) -> list[dict[str, Any]]:
     """The input as stored and listed: typed items with ids, message text as content parts."""
+    items: list[dict[str, Any]]
     if isinstance(request.input, str):
         items = [{"type": "message", "role": "user", "content": request.input}]
     else:

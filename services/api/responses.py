@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, get_args
+from typing import Any, get_args
 
 import orjson
 from nats.js import JetStreamContext
@@ -50,7 +51,8 @@ class EventStream:
 def check_include(include: list[str] | None, param: str = "include") -> None:
     for index, value in enumerate(include or []):
         if value not in INCLUDABLE:
-            raise ApiError(400, f"Unsupported include value {value!r}.", param=f"{param}[{index}]", code="invalid_value")
+            raise ApiError(400, f"Unsupported include value {value!r}.", param=f"{param}[{index}]",
+                           code="invalid_value")
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -85,7 +87,8 @@ class ResponsesService:
         """Records and queues a response: its event stream (``stream``), the queued
         response (``background``), or the finished one."""
         if request.background and not request.store:
-            raise ApiError(400, "Background responses must be stored (store=true).", param="store", code="invalid_value")
+            raise ApiError(400, "Background responses must be stored (store=true).", param="store",
+                           code="invalid_value")
         check_include(request.include)
         history = await self._history(request, tenant)
         dialect = await self._dialect_of(request.model)
@@ -221,7 +224,7 @@ class ResponsesService:
 
         try:
             return await asyncio.wait_for(wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def _current_snapshot(self, stored: StoredResponse) -> dict[str, Any]:

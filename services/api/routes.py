@@ -161,5 +161,5 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
 
 def create_fast_path() -> Route:
     declared = next(route for route in router.routes if isinstance(route, APIRoute)
-                    and route.path == "/v1/responses" and "POST" in route.methods)
+                    and route.path == "/v1/responses" and "POST" in (route.methods or ()))
     return Route("/v1/responses", CreateFastPath(declared.app), methods=["POST"], include_in_schema=False)

@@ -30,6 +30,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from steno.schemas.ids import origin_of
+from steno.services.common.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Names:
         return f"{self.namespace}_parsers"
 
     @classmethod
-    def from_settings(cls, settings) -> "Names":
+    def from_settings(cls, settings: Settings) -> Names:
         return cls(settings.namespace, settings.token_partitions, settings.stream_replicas)
 
 

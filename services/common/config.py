@@ -23,7 +23,7 @@ class Settings:
     stream_replicas: int = 1
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         return cls(
             nats_url=os.environ.get("STENO_NATS_URL", "nats://127.0.0.1:4222"),
             database_url=os.environ.get(

@@ -106,7 +106,7 @@ class ContinuousPull:
                 continue
             try:
                 msg = await asyncio.wait_for(self._arrived.get(), min(CHECK_EVERY_S, self._ends_at - now))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             await self._take(msg, taken)
             while len(taken) < limit and not self._arrived.empty():
@@ -127,10 +127,10 @@ class ContinuousPull:
         elif status in (NO_MESSAGES, REQUEST_ENDED):
             await self._request()
         else:
+            description = (msg.headers or {}).get("Description")
             if status == CONFLICT:  # leadership change, consumer deleted or changed
-                log.info("pull request on %s ended: %s %s", self._next_subject, status, msg.headers.get("Description"))
+                log.info("pull request on %s ended: %s %s", self._next_subject, status, description)
             else:
-                log.warning("pull request on %s failed: %s %s", self._next_subject, status,
-                            msg.headers.get("Description"))
+                log.warning("pull request on %s failed: %s %s", self._next_subject, status, description)
             await asyncio.sleep(0.1)
             await self._request()

@@ -11,9 +11,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from datetime import UTC, datetime
 
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
@@ -76,7 +76,7 @@ class KvMirror:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return predicate()
         return True
 
@@ -156,4 +156,4 @@ class KvMirror:
 def _age_s(created: datetime | None) -> float:
     if created is None:
         return 0.0
-    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
+    return max(0.0, (datetime.now(UTC) - created).total_seconds())

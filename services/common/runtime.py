@@ -7,7 +7,7 @@ import gc
 import logging
 import os
 import signal
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 
 def configure_logging(service: str) -> None:

@@ -6,8 +6,8 @@ reads it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Callable
 
 from steno.services.dialects.base import (
     CompletionMessage,
@@ -24,9 +24,25 @@ from steno.services.dialects.base import (
     TextDelta,
 )
 
-__all__ = ["CompletionMessage", "CompletionSplitter", "DEFAULT_DIALECT", "DIALECTS", "Dialect", "Fragment",
-           "InvalidInput", "MalformedOutput", "MessageEnded", "MessageStarted", "PromptFacts", "RenderedPrompt",
-           "StructuredOutputScope", "TextDelta", "UnknownDialect", "dialect_named", "load_all"]
+__all__ = [
+    "DEFAULT_DIALECT",
+    "DIALECTS",
+    "CompletionMessage",
+    "CompletionSplitter",
+    "Dialect",
+    "Fragment",
+    "InvalidInput",
+    "MalformedOutput",
+    "MessageEnded",
+    "MessageStarted",
+    "PromptFacts",
+    "RenderedPrompt",
+    "StructuredOutputScope",
+    "TextDelta",
+    "UnknownDialect",
+    "dialect_named",
+    "load_all",
+]
 
 DEFAULT_DIALECT = "harmony"
 

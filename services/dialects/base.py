@@ -19,8 +19,9 @@ Fragments speak one vocabulary whatever the dialect:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.responses import ParseContext

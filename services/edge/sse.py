@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -65,6 +65,7 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.current_task()
+        assert streaming is not None  # a response is sent from within a task
         gone = False
 
         async def cancel_when_gone() -> None:

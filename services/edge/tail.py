@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import asyncpg
 from nats.aio.client import Client
@@ -83,7 +83,7 @@ class ResponseTail:
             for event in run:
                 yield event
 
-    async def listen(self, response_id: str) -> "LiveEvents":
+    async def listen(self, response_id: str) -> LiveEvents:
         """Starts receiving the events the parser announces for ``response_id``; whoever
         listens before the response can produce any need not read what came before."""
         if self._origin_subscription is not None and origin_of(response_id) == self._origin:
@@ -94,7 +94,7 @@ class ResponseTail:
         live.subscription = await self._nc.subscribe(self._subject_for(response_id), cb=live.on_message)
         return live
 
-    def _forget(self, response_id: str, live: "LiveEvents") -> None:
+    def _forget(self, response_id: str, live: LiveEvents) -> None:
         following = self._following.get(response_id, [])
         if live in following:
             following.remove(live)
@@ -107,7 +107,7 @@ class ResponseTail:
         after: int = -1,
         poll_interval_s: float = POLL_INTERVAL_S,
         *,
-        live: "LiveEvents | None" = None,
+        live: LiveEvents | None = None,
         known: list[LoggedEvent] | None = None,
         keepalive_s: float | None = None,
     ) -> AsyncGenerator[list[LoggedEvent], None]:
@@ -150,13 +150,14 @@ class ResponseTail:
                     poll_at = loop.time() + interval
                 except TimeoutError:
                     now = loop.time()
-                    if now >= keepalive_at:
+                    if keepalive_s is not None and now >= keepalive_at:
                         yield []
                         keepalive_at = now + keepalive_s
                     if now >= poll_at:
                         batch = await self._read_after(response_id, cursor)
                         connected = self._nc.is_connected
-                        interval = min(interval * 2, MAX_POLL_INTERVAL_S) if connected and not batch else poll_interval_s
+                        backing_off = connected and not batch
+                        interval = min(interval * 2, MAX_POLL_INTERVAL_S) if backing_off else poll_interval_s
                         poll_at = loop.time() + interval
         finally:
             await live.close()

@@ -143,7 +143,8 @@ WITH new_events AS (
         completed_at = now(), updated_at = now(),
         -- A response that is not to be stored lives on only for its running stream.
         expires_at = CASE WHEN r.store THEN r.expires_at ELSE now() + interval '{UNSTORED_GRACE}' END
-    FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) AS f(id, status, snapshot, usage, error)
+    FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[])
+         AS f(id, status, snapshot, usage, error)
     WHERE r.id = f.id
 )
 SELECT 1

@@ -6,7 +6,8 @@ derived ids. Which kind a message becomes (in the dialects' fragment vocabulary,
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import orjson
 

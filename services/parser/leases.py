@@ -14,8 +14,8 @@ import asyncio
 import logging
 import math
 import random
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError, NoKeysError

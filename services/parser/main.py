@@ -9,9 +9,9 @@ import os
 import secrets
 import socket
 
+from steno.services import dialects
 from steno.services.common import bus, db
 from steno.services.common.config import Settings
-from steno.services import dialects
 from steno.services.common.runtime import configure_logging, run_until_signalled
 from steno.services.parser.service import ParserService
 

@@ -8,7 +8,8 @@ token batch: one delta event per item per batch."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from steno.schemas.bus import GenerationEnded
 from steno.schemas.events import (
@@ -87,7 +88,8 @@ class ResponseBuilder:
             if isinstance(fragment, TextDelta):
                 pending.append(fragment.text)
                 if logprobs is not None and isinstance(self._open, MessageItem) and self._open.with_logprobs:
-                    pending_logprobs.append(self._logprob_entry(token_ids, logprobs, top_logprobs, fragment.token_index))
+                    pending_logprobs.append(
+                        self._logprob_entry(token_ids, logprobs, top_logprobs, fragment.token_index))
             elif isinstance(fragment, MessageStarted):
                 flush()
                 self._open_item(fragment)

@@ -110,7 +110,9 @@ class ParserService:
             with suppress(Exception):
                 await feed.stop()
 
-    async def _states_for(self, firsts: dict[str, tuple[Msg, TokenStreamMessage] | None]) -> dict[str, ResponseState | None]:
+    async def _states_for(
+        self, firsts: dict[str, tuple[Msg, TokenStreamMessage] | None]
+    ) -> dict[str, ResponseState | None]:
         """The state of each response (by its first fetched message, if any): the one held,
         else one built from the seed on its very first batch, else one rebuilt from
         Postgres. Those rebuilt (after a restart or a takeover, a whole backlog of them)

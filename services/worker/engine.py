@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence
+from typing import Protocol
 
 from steno.schemas.bus import FinishReason, SamplingParams
 

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simulator.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
     simulator.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
     vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
-    vllm.add_argument("--model-path", help="the model directory (or hub name) vLLM loads; --model stays the served name")
+    vllm.add_argument("--model-path",
+                      help="the model directory (or hub name) vLLM loads; --model stays the served name")
     vllm.add_argument("--tokenizer", help="tokenizer directory, when not beside the weights; without any, "
                       "vLLM runs with skip_tokenizer_init and structured outputs are refused")
     vllm.add_argument("--dtype", default="auto")

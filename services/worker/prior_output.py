@@ -6,7 +6,6 @@ The batches are taken in the order, and by the rule, the parser applies them
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -61,7 +60,7 @@ async def read_prior_output(js: JetStreamContext, names: Names, response_id: str
         while True:
             try:
                 fetched = await subscription.fetch(READ_BATCH, timeout=0.5)
-            except (NatsTimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeoutError):
                 break
             for msg in fetched:
                 try:

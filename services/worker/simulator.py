@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import AsyncIterator, Sequence
 
 import orjson
 

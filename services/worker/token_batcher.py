@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
 
 from steno.services.worker.engine import EngineOutput
 
@@ -73,9 +73,10 @@ async def coalesce(
             if wake is None and keepalive_s is not None:
                 wake = last_flush + keepalive_s
             timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            output: EngineOutput | object | None
             try:
                 output = await asyncio.wait_for(queue.get(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 output = _INTERVAL_ELAPSED
                 if deadline is None:
                     await flush(PendingBatch())

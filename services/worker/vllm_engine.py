@@ -24,10 +24,11 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from steno.schemas.bus import FinishReason, SamplingParams, StructuredOutput
 from steno.services.dialects import DEFAULT_DIALECT, Dialect, StructuredOutputScope, dialect_named
@@ -78,16 +79,16 @@ class VllmOptions:
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        kwargs: dict[str, Any] = dict(
-            model=self.model_path,
-            tokenizer=self.tokenizer,
-            skip_tokenizer_init=not self.has_tokenizer(),
-            dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            tensor_parallel_size=self.tensor_parallel_size,
-            enforce_eager=self.enforce_eager,
-            disable_log_stats=True,
-        )
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "tokenizer": self.tokenizer,
+            "skip_tokenizer_init": not self.has_tokenizer(),
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "enforce_eager": self.enforce_eager,
+            "disable_log_stats": True,
+        }
         if self.served_model_name:
             kwargs["served_model_name"] = [self.served_model_name]
         if self.gpu_memory_utilization is not None:
@@ -154,7 +155,7 @@ class VllmEngine:
         self._closed = False
 
     @classmethod
-    def start(cls, options: VllmOptions) -> "VllmEngine":
+    def start(cls, options: VllmOptions) -> VllmEngine:
         """Starts vLLM (blocking: it loads the model and spawns the engine core)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -168,7 +169,7 @@ class VllmEngine:
         )
         return cls(llm, options)
 
-    def view(self, **changes: Any) -> "VllmEngine":
+    def view(self, **changes: Any) -> VllmEngine:
         """Another engine over the same ``AsyncLLM`` with other Steno-side options
         (e.g. ``structured_output_scope``); closing it leaves the ``AsyncLLM`` running."""
         from dataclasses import replace
@@ -203,17 +204,17 @@ class VllmEngine:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        kwargs: dict[str, Any] = dict(
-            n=1,
-            max_tokens=sampling.max_tokens,  # None: up to the model's context length
-            temperature=1.0 if sampling.temperature is None else sampling.temperature,
-            top_p=1.0 if sampling.top_p is None else sampling.top_p,
-            seed=sampling.seed,
-            stop_token_ids=list(sampling.stop_token_ids),
-            logprobs=sampling.top_logprobs,
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
-        )
+        kwargs: dict[str, Any] = {
+            "n": 1,
+            "max_tokens": sampling.max_tokens,  # None: up to the model's context length
+            "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
+            "top_p": 1.0 if sampling.top_p is None else sampling.top_p,
+            "seed": sampling.seed,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "logprobs": sampling.top_logprobs,
+            "output_kind": RequestOutputKind.DELTA,
+            "detokenize": False,
+        }
         if sampling.structured_output is not None:
             if not self._has_tokenizer:
                 raise EngineError(

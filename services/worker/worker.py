@@ -17,7 +17,7 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from steno.schemas.bus import GenerationEnded, GenerationRequest, TokenBatch, WorkerRegistration
+from steno.schemas.bus import FinishReason, GenerationEnded, GenerationRequest, TokenBatch, WorkerRegistration
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
@@ -67,7 +67,8 @@ class GenerationWorker:
         self._engine = engine
         self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect)
         self._concurrency = concurrency
-        self._feed: ContinuousPull | None = None
+        self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
+                                    credits=concurrency)
         self._batch_interval_s = batch_interval_s
         self._batch_max_tokens = batch_max_tokens
         self._keepalive_s = keepalive_s
@@ -86,8 +87,6 @@ class GenerationWorker:
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=WORK_ACK_WAIT_S
             ),
         )
-        self._feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=self._concurrency,
-                                    credits=self._concurrency)
         await self._feed.start()
         # Every cancel order reaches every worker through this one watcher: a request not
         # started yet is ended at once when it comes, one generating here is aborted.
@@ -107,8 +106,7 @@ class GenerationWorker:
         """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``;
         what is still running then is handed back for another worker to continue."""
         self._stopping.set()
-        if self._feed is not None:
-            await self._feed.stop()  # what was delivered but not started goes back at once
+        await self._feed.stop()  # what was delivered but not started goes back at once
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
         for task in list(self._tasks):
@@ -217,6 +215,7 @@ class GenerationWorker:
 
         started = time.monotonic()
         last, error, tail = None, None, PendingBatch()
+        finish: FinishReason
         sampling = request.sampling
         if sampling.max_tokens is not None:
             sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(prior.token_ids)})
@@ -238,7 +237,7 @@ class GenerationWorker:
             finally:
                 heartbeat.cancel()
                 self._running.pop(rid, None)
-            finish = "error" if error is not None else (last.finish_reason if last else "stop")
+            finish = "error" if error is not None else (last.finish_reason if last and last.finish_reason else "stop")
         # The last batch carries the attempt's end: one message, one commit, one ack less.
         ended = GenerationEnded(
             response_id=rid,

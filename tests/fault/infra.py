@@ -24,9 +24,8 @@ class NatsNode:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        log = open(self.data_dir / f"{self.name}.log", "ab")
-        self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.data_dir / f"{self.name}.log", "ab") as log:
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while not answers("127.0.0.1", self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -191,12 +191,13 @@ async def check(stack: Stack, records: list[StreamRecord], expected_failure: str
                                   for part in item["content"]) if stored else None
             if status == "completed" and not (deltas == final_text == stored_text == record.expected_text):
                 result.mismatches.append(f"{record.response_id}: deltas/final/stored/expected text differ")
-            rows = await conn.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+            rows = await conn.fetch(
+                "SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
                                     record.response_id)
             if [tuple(r) for r in rows] != record.events:
                 result.mismatches.append(f"{record.response_id}: the stored log differs from what the client saw")
             after = [t for t in record.arrivals if t >= injected_at]
-            gaps = [b - a for a, b in zip([injected_at] + after, after)]
+            gaps = [b - a for a, b in zip([injected_at, *after], after)]
             if gaps:
                 result.recovery_s.append(max(gaps))
     finally:
@@ -256,7 +257,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def table(results: dict[str, list[TrialResult]]) -> str:

@@ -250,10 +250,10 @@ def test_include_logprobs_is_accepted_and_unknown_include_rejected(client):
 
 def test_concurrent_streams_are_each_gapless(stack):
     async def one(i: int):
-        async with httpx.AsyncClient(timeout=30) as http:
-            async with http.stream("POST", f"{stack.base_url}/responses", headers=stack.headers(),
-                                   json={"model": MODEL, "input": f"stream {i}", "stream": True}) as reply:
-                events = [orjson.loads(line[6:]) async for line in reply.aiter_lines() if line.startswith("data: ")]
+        body = {"model": MODEL, "input": f"stream {i}", "stream": True}
+        async with httpx.AsyncClient(timeout=30) as http, \
+                http.stream("POST", f"{stack.base_url}/responses", headers=stack.headers(), json=body) as reply:
+            events = [orjson.loads(line[6:]) async for line in reply.aiter_lines() if line.startswith("data: ")]
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         return events[-1]["response"]["output"][-1]["content"][0]["text"]
 

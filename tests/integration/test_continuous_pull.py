@@ -126,7 +126,7 @@ async def test_stop_hands_back_what_arrived_but_was_not_taken(consumer):
 
 
 async def test_after_a_reconnect_the_reader_renews_its_request(consumer, settings):
-    nc, js, stream, subject = consumer
+    _nc, js, stream, subject = consumer
     reader_nc = await nats.connect(settings.nats_url, reconnect_time_wait=0.5)
     try:
         async with reading(reader_nc, stream, batch=8, expires_s=30.0) as feed:

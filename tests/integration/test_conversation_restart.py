@@ -1,6 +1,7 @@
 """A 50-turn previous_response_id chain survives a restart of every Steno process."""
 
 import dataclasses
+import itertools
 
 import openai
 import pytest
@@ -41,6 +42,6 @@ def test_fifty_turns_across_a_restart(settings, tmp_path):
         stack.stop()
         remove_namespace(stack.settings)
     # Every turn's prompt holds every earlier turn.
-    assert all(later > earlier for earlier, later in zip(usage, usage[1:]))
+    assert all(later > earlier for earlier, later in itertools.pairwise(usage))
     first_turn_cost = usage[1] - usage[0]
     assert usage[-1] >= usage[0] + 49 * (first_turn_cost // 2)

@@ -19,7 +19,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 def stream_frames(stack, body):
-    with httpx.stream("POST", stack.base_url + "/responses", json={**body, "stream": True}, headers=stack.headers(), timeout=30) as reply:
+    with httpx.stream("POST", stack.base_url + "/responses", json={**body, "stream": True}, headers=stack.headers(),
+                      timeout=30) as reply:
         text = reply.read().decode()
     frames = []
     for block in filter(str.strip, text.split("\n\n")):

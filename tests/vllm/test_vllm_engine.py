@@ -106,7 +106,8 @@ async def test_same_seed_same_tokens_other_seed_other_tokens(engine):
     other = all_tokens(await collect(engine, "seed-c", sampling(12)))
     assert first == again
     assert first != other
-    greedy = [all_tokens(await collect(engine, f"greedy-{i}", SamplingParams(max_tokens=12, temperature=0))) for i in (0, 1)]
+    greedy = [all_tokens(await collect(engine, f"greedy-{i}", SamplingParams(max_tokens=12, temperature=0)))
+              for i in (0, 1)]
     assert greedy[0] == greedy[1]
 
 
@@ -157,7 +158,8 @@ async def test_concurrent_requests_are_batched_and_all_complete(engine):
 
     async def run(i: int):
         outputs = []
-        async for output in engine.generate(f"batch-{i}", prompt(f"request {i}"), SamplingParams(max_tokens=48, seed=i)):
+        sampling = SamplingParams(max_tokens=48, seed=i)
+        async for output in engine.generate(f"batch-{i}", prompt(f"request {i}"), sampling):
             spans.setdefault(i, []).append(time.monotonic())
             outputs.append(output)
         return outputs

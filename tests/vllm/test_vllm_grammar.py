@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from steno.services.dialects.harmony.vocabulary import harmony_encoding
 from steno.services.dialects.harmony.grammar import final_json_tag, json_format
+from steno.services.dialects.harmony.vocabulary import harmony_encoding
 from steno.services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs
 
 SCHEMA = {

@@ -188,7 +188,7 @@ def check_stream(messages, request: GenerationRequest):
 async def test_tokens_and_the_end_reach_the_bus_with_the_right_counts(worker, js, names):
     request = generation_request("Tell me a story.", max_output_tokens=40, top_logprobs=2, seed=1)
     await publish(js, names, request)
-    batches, ended, tokens = check_stream(await token_stream(js, names, request.response_id), request)
+    batches, ended, _tokens = check_stream(await token_stream(js, names, request.response_id), request)
     assert ended.finish_reason == "length"
     assert ended.output_tokens == 40 and ended.error_message is None
     assert ended.cached_tokens is not None

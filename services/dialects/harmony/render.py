@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 from openai_harmony import (
@@ -36,6 +37,8 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
 }
 _TEXT_PART_TYPES = {"input_text", "output_text", "text", "reasoning_text", "summary_text"}
+# A web_search_call action's type -> the browser command that makes it.
+_BROWSER_COMMANDS = {"open_page": "open", "find_in_page": "find", "find": "find"}
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -48,7 +51,8 @@ def _text_of(content: Any, param: str) -> str:
         if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
             continue
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES or not isinstance(part.get("text"), str):
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES \
+                or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise InvalidInput(f"unsupported content part type {kind!r}", f"{param}[{index}]")
         texts.append(part["text"])
@@ -118,21 +122,24 @@ def _input_messages(
             call_id = _required_str(item, "call_id", param)
             name = catalog.qualified(_required_str(item, "name", param), item.get("namespace"))
             if kind == "function_call":
-                arguments = item.get("arguments") or ""
+                call_arguments = str(item.get("arguments") or "")
             else:
-                arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: item.get("input") or ""}).decode()
+                call_arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: item.get("input") or ""}).decode()
             call_authors[call_id] = f"functions.{name}"
-            messages.append(_call(f"functions.{name}", str(arguments)))
+            messages.append(_call(f"functions.{name}", call_arguments))
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = item.get("call_id")
-            if call_id not in call_authors:
-                raise InvalidInput(f"no tool call with call_id {call_id!r} precedes this output", f"{param}.call_id")
-            messages.append(_tool_result(call_authors[call_id], _output_text(item.get("output"), f"{param}.output")))
+            answered = item.get("call_id")
+            author = call_authors.get(answered) if isinstance(answered, str) else None
+            if author is None:
+                raise InvalidInput(f"no tool call with call_id {answered!r} precedes this output", f"{param}.call_id")
+            messages.append(_tool_result(author, _output_text(item.get("output"), f"{param}.output")))
         elif kind == "code_interpreter_call":
             messages.append(_call("python", item.get("code") or "", channel="analysis").with_content_type("code"))
         elif kind == "web_search_call":
             action = item.get("action") or {}
-            command = {"open_page": "open", "find_in_page": "find", "find": "find"}.get(action.get("type"), "search")
+            if not isinstance(action, dict):
+                raise InvalidInput("a web_search_call's action must be an object", f"{param}.action")
+            command = _BROWSER_COMMANDS.get(str(action.get("type")), "search")
             arguments = {k: v for k, v in action.items() if k != "type"}
             messages.append(_call(f"browser.{command}", orjson.dumps(arguments).decode(), channel="analysis"))
         elif kind == "mcp_call":
@@ -154,7 +161,7 @@ def build_conversation(
     declared = tool_catalog(request.tools)
     offered, choice_instruction = apply_tool_choice(declared, request.tool_choice)
     system = SystemContent.new().with_conversation_start_date(
-        dt.datetime.fromtimestamp(created_at, dt.timezone.utc).strftime("%Y-%m-%d")
+        dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%d")
     )
     effort = request.reasoning.effort if request.reasoning else None
     system = system.with_reasoning_effort(_EFFORTS[effort or "medium"])

@@ -4,7 +4,7 @@ its text, and a completion written as gpt-oss writes one (pure)."""
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from openai_harmony import HarmonyEncoding, Message, Role
 

@@ -8,7 +8,7 @@ API; the parser service turns fragments into events."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
@@ -152,7 +152,8 @@ class HarmonyGrammar:
         if first_message:
             parser, framed = StreamableParser(self._encoding, role=Role.ASSISTANT), [*tokens, self.message_token]
         else:
-            parser, framed = StreamableParser(self._encoding, role=None), [self.start_token, *tokens, self.message_token]
+            parser = StreamableParser(self._encoding, role=None)
+            framed = [self.start_token, *tokens, self.message_token]
         try:
             for token in framed:
                 parser.process(token)

@@ -36,7 +36,8 @@ def _tokens(case: dict[str, Any]) -> list[int]:
 CASES: dict[str, dict[str, Any]] = {
     "reasoning_and_answer": {"messages": [("analysis", "Déjà vu, 日本 🎉"), ("final", "Hello, world!")]},
     "preamble_then_call": {
-        "messages": [("commentary", "Let me look."), ("commentary", '{"city":"Paris"}', "functions.get_weather", "json")],
+        "messages": [("commentary", "Let me look."),
+                     ("commentary", '{"city":"Paris"}', "functions.get_weather", "json")],
         "end": "<|call|>", "context": {"function_tools": ["get_weather"]},
     },
     "namespaced_call": {
@@ -55,7 +56,8 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "python": {"messages": [("analysis", "print(1 + 1)", "python")], "end": "<|call|>"},
     "mcp_and_builtin": {
-        "messages": [("commentary", '{"path": "/"}', "mcp.list_files"), ("analysis", '{"cmd": ["ls"]}', "container.exec")],
+        "messages": [("commentary", '{"path": "/"}', "mcp.list_files"),
+                     ("analysis", '{"cmd": ["ls"]}', "container.exec")],
         "end": "<|call|>",
     },
     "constrained_final": {"messages": [("final", '{"a": 1}', None, "<|constrain|>json")]},

@@ -74,7 +74,8 @@ def test_custom_tool_call_carries_the_unwrapped_input():
         ("browser.search", '{"query": "steno pipeline"}', {"type": "search", "query": "steno pipeline"}),
         ("browser.open", '{"id": "https://example.com", "cursor": 1}', {"type": "open_page", "url": "https://example.com"}),
         ("browser.open", '{"id": 3, "cursor": 2}', {"type": "open_page", "url": "cursor:2"}),
-        ("browser.find", '{"pattern": "NATS", "cursor": 4}', {"type": "find_in_page", "pattern": "NATS", "url": "cursor:4"}),
+        ("browser.find", '{"pattern": "NATS", "cursor": 4}',
+         {"type": "find_in_page", "pattern": "NATS", "url": "cursor:4"}),
     ],
 )
 def test_browser_calls_become_web_search_calls(recipient, arguments, action):
@@ -105,7 +106,8 @@ def test_mcp_and_unknown_recipients_become_mcp_calls(recipient, name, label):
     snapshot, types = parse([assistant("commentary", '{"a": 1}', recipient=recipient, content_type="json")],
                             end="<|call|>")
     item = snapshot["output"][0]
-    assert (item["type"], item["name"], item["server_label"], item["arguments"]) == ("mcp_call", name, label, '{"a": 1}')
+    reported = (item["type"], item["name"], item["server_label"], item["arguments"])
+    assert reported == ("mcp_call", name, label, '{"a": 1}')
     assert {"response.mcp_call.in_progress", "response.mcp_call_arguments.done", "response.mcp_call.completed"} <= types
 
 

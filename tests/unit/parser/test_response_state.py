@@ -30,7 +30,7 @@ def test_reasoning_and_answer_events_in_sdk_shape():
     assert final.output[0].type == "reasoning" and final.output[0].content[0].text == "Thinking."
     assert final.output_text == "Hello!"
     assert final.usage.output_tokens_details.reasoning_tokens > 0
-    assert fold(payloads([e for e in events])) == state.final_snapshot | {"output": state.final_snapshot["output"]}
+    assert fold(payloads(list(events))) == state.final_snapshot | {"output": state.final_snapshot["output"]}
 
 
 def test_same_batches_give_byte_identical_events():
@@ -92,7 +92,7 @@ def test_function_call_item():
 
 def test_logprobs_ride_on_text_deltas_when_asked():
     tokens = completion([assistant("final", "Hi there")])
-    state, events = run(tokens, [100], context=ParseContext(include_logprobs=True), logprobs=True)
+    _state, events = run(tokens, [100], context=ParseContext(include_logprobs=True), logprobs=True)
     parsed = validate_events([e.payload for e in events])
     deltas = [e for e in parsed if e.type == "response.output_text.delta"]
     assert sum(len(d.logprobs) for d in deltas) == len(encoding().encode("Hi there"))

@@ -6,7 +6,7 @@ from steno.schemas.bus import GenerationEnded, TokenBatch
 from steno.schemas.fold import fold
 from steno.schemas.responses import ParseContext
 from steno.services.parser.response_state import ResponseState
-from tests.harmony_samples import assistant, completion, encoding
+from tests.harmony_samples import assistant, completion
 
 BASE = {"id": "resp_fold", "object": "response", "created_at": 1, "model": "m", "output": [],
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}

@@ -83,7 +83,7 @@ REASONED_TURN = [
     {"input": "x", "tools": [WEATHER_TOOL], "tool_choice": "required"},
     {"input": "x", "tools": [{"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}]},
     # A finished turn: its analysis is dropped, as Harmony drops it.
-    {"input": REASONED_TURN + [{"role": "user", "content": "And tomorrow?"}], "tools": [WEATHER_TOOL]},
+    {"input": [*REASONED_TURN, {"role": "user", "content": "And tomorrow?"}], "tools": [WEATHER_TOOL]},
     # A turn still reasoning: its analysis stays.
     {"input": REASONED_TURN[:4], "tools": [WEATHER_TOOL]},
     {"input": [{"role": "developer", "content": "Speak French."}, {"role": "user", "content": "Hi"},

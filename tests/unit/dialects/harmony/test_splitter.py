@@ -10,7 +10,7 @@ from tests.harmony_samples import assistant, completion, encoding, harmony
 def split_all(tokens, cuts, context=ParseContext()):
     splitter = harmony().splitter(context)
     fragments, start = [], 0
-    for cut in sorted(set(cuts)) + [len(tokens)]:
+    for cut in [*sorted(set(cuts)), len(tokens)]:
         fragments += splitter.feed(tokens[start:cut])
         start = cut
     return splitter, fragments
