@@ -1,8 +1,8 @@
 """A minimal HTTP/1.1 client for streamed POSTs, the load generator of ``steno bench``.
 
-On two cores the load generator shares the CPU with what it measures: httpx spent about
-6 ms of CPU per stream, more than any single Steno service, and that contention landed
-on whichever side had more processes to schedule. This client does only what the
+On a small machine the load generator shares the CPU with what it measures: httpx spent
+more CPU per stream than any single Steno service (docs/performance.md), and that
+contention landed on whichever side had more processes to schedule. This client does only what the
 benchmark needs (keep-alive connections, a JSON body, a chunked ``text/event-stream``
 reply) and timestamps each SSE frame as it arrives."""
 

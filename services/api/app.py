@@ -168,7 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     for unavailable in (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                        asyncpg.CannotConnectNowError, asyncio.TimeoutError, NatsError):
+                        asyncpg.CannotConnectNowError, TimeoutError, NatsError):
         app.add_exception_handler(unavailable, unavailable_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)

@@ -4,6 +4,7 @@ bucket the workers refresh), kept in memory so a request costs no round trip."""
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 from pydantic import ValidationError
 
@@ -31,14 +32,16 @@ class ModelDirectory:
             value = registry.get(key)
         if value is None:
             value = await registry.fetch(key)
-        return self._read(model, value) if value is not None else None
+        return _registration(model, value) if value is not None else None
 
-    @staticmethod
-    def _read(model: str, value: bytes) -> WorkerRegistration | None:
-        try:
-            registration = WorkerRegistration.model_validate_json(value)
-        except ValidationError:
-            log.warning("the registration of model %s is not one this API reads: %r", model, value[:200])
-            return None
-        # Two names can share a subject token ("a/b", "a_b"): only the named one is served.
-        return registration if registration.model == model else None
+
+# The same few registrations are read for every request.
+@lru_cache(maxsize=1024)
+def _registration(model: str, value: bytes) -> WorkerRegistration | None:
+    try:
+        registration = WorkerRegistration.model_validate_json(value)
+    except ValidationError:
+        log.warning("the registration of model %s is not one this API reads: %r", model, value[:200])
+        return None
+    # Two names can share a subject token ("a/b", "a_b"): only the named one is served.
+    return registration if registration.model == model else None

@@ -1,9 +1,11 @@
 """NATS naming and set-up shared by every service.
 
 Subjects (``ns`` is the deployment namespace):
-  ``ns.gen.<model>``                 GenerationRequest, work-queue stream ``NS_GEN``
-  ``ns.tokens.<p>.<response_id>``    TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
-  ``ns.events.<response_id>``        CommittedEvents, core NATS
+  ``ns.gen.<model>``                       GenerationRequest, work-queue stream ``NS_GEN``
+  ``ns.tokens.<p>.<response_id>``          TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
+  ``ns.events.<origin>.<response_id>``     CommittedEvents, core NATS (``origin``: the API process that made it)
+KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
+model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ Fragments speak one vocabulary whatever the dialect:
   preamble or a tool call; any other channel is text for the user.
 - ``recipient``: None for text; ``functions.<name>`` a function or custom tool (a
   namespaced one as ``functions.<namespace>.<name>``); ``browser.<search|open|find>``
-  web search; ``python`` the code interpreter; ``mcp.<name>`` (or anything else) an MCP
-  tool.
+  web search, with the arguments of gpt-oss's browser tool (``{"query"}``, ``{"id",
+  "cursor"}``, ``{"pattern", "cursor"}``); ``python`` the code interpreter; ``mcp.<name>``
+  (or anything else, such as ``container.exec``) an MCP tool.
 - ``content_type``: what the header declared (``json`` for JSON arguments), if anything.
 """
 

@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, instead of a memory fraction")
     vllm.add_argument("--enforce-eager", action="store_true")
     vllm.add_argument("--structured-output-scope", choices=["final", "whole"], default="final",
-                      help="final: a text.format constrains the Harmony final message only, after free "
-                      "reasoning (gpt-oss); whole: the entire completion")
+                      help="final: a text.format constrains the final answer only, after free reasoning "
+                      "(as the dialect frames it); whole: the entire completion")
     vllm.add_argument("--structured-output-max-whitespace", type=int,
                       help="at most this many consecutive whitespace characters inside constrained JSON")
 

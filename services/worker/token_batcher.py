@@ -29,10 +29,10 @@ Flush = Callable[[PendingBatch], Awaitable[None]]
 _INTERVAL_ELAPSED = object()
 
 
-# What a client waits for before it sees anything: Harmony's message header
-# (``<|channel|>final<|constrain|>json<|message|>``, after a short or empty analysis
-# message) and the first words. An engine emitting one token per step costs at most
-# this many extra messages per response.
+# What a client waits for before it sees anything: the answer's message header (in
+# Harmony ``<|channel|>final<|constrain|>json<|message|>``, after a short or empty
+# analysis message) and the first words. An engine emitting one token per step costs at
+# most this many extra messages per response.
 EAGER_TOKENS = 32
 
 
