@@ -44,7 +44,8 @@ def create_app(timing: SimulatorTiming) -> FastAPI:
     @app.post("/v1/responses")
     async def create(body: CreateResponseRequest) -> EventStreamResponse:
         response_id = new_response_id()
-        plan = plan_response(body, response_id, "baseline", int(time.time()), dialect)
+        created_at = int(time.time())
+        plan = plan_response(body, response_id, "baseline", created_at, dialect.render(body, created_at))
         state = ResponseState(response_id, plan.record.base_snapshot,
                               ParseContext.model_validate(plan.record.parse_context))
         prompt = plan.generation.prompt_token_ids

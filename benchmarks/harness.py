@@ -32,12 +32,12 @@ import time
 import timeit
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
-import nats
 import orjson
 
 from steno.benchmarks.command import SCENARIOS
@@ -50,9 +50,10 @@ from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
 from steno.services.api.store import ResponseStore
-from steno.services.common.bus import Names, ensure_streams
+from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import Settings
 from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.common.nats_options import SECURITY_VARIABLES
 from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import ResponseState
@@ -155,8 +156,13 @@ class Bench:
         if "?" in self.infra.database_url:  # a unix-socket URL: the database sits before the query
             base, query = self.infra.database_url.split("?", 1)
             self.database_url = base.rsplit("/", 1)[0] + f"/steno_bench_{run_id}?{query}"
-        self.settings = Settings(nats_url=self.infra.nats_url, database_url=self.database_url,
-                                 namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10)
+        # NATS credentials and TLS as the environment gives them (STENO_NATS_*), like any
+        # steno command; the rest is the benchmark's own.
+        env = Settings.from_env()
+        self.settings = replace(
+            Settings(nats_url=self.infra.nats_url, database_url=self.database_url,
+                     namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10),
+            **{name: getattr(env, name) for name in SECURITY_VARIABLES})
         self.stack = Stack(self.settings, work)
         self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
@@ -296,7 +302,7 @@ class Bench:
         a worker (GEN), and token messages waiting for the parser (TOKENS, all
         partitions). The stage whose queue grows is the bottleneck."""
         names = Names.from_settings(self.settings)
-        nc = await nats.connect(self.settings.nats_url)
+        nc = await connect(self.settings, "steno-bench-backlogs")
         js = nc.jetstream()
         samples: dict[str, list[int]] = {"generation_waiting": [], "tokens_waiting_for_parser": []}
         try:
@@ -350,14 +356,15 @@ class Bench:
         dialect = dialect_named(DEFAULT_DIALECT)
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)
         store = ResponseStore(pool)
-        nc = await nats.connect(settings.nats_url)
+        nc = await connect(settings, "steno-bench-parser")
         js = nc.jetstream()
         await ensure_streams(js, names)
         total_tokens = 0
         ids = []
         for i in range(responses):
             request = CreateResponseRequest(model=MODEL, input=f"{i} {LONG_INPUT}", background=True)
-            plan = plan_response(request, f"resp_bench{settings.namespace}{i:06d}", "bench", 1_700_000_000, dialect)
+            plan = plan_response(request, f"resp_bench{settings.namespace}{i:06d}", "bench", 1_700_000_000,
+                                 dialect.render(request, 1_700_000_000))
             await store.create(plan.record, plan.first_events)
             tokens = completion_tokens(dialect, plan.generation.prompt_token_ids)
             rid = plan.record.response_id
@@ -446,7 +453,7 @@ class Bench:
         words = " ".join(f"w{i}" for i in range(events_wanted))
         request = CreateResponseRequest(model=MODEL, input="replay")
         rid = "resp_replay" + secrets.token_hex(8)
-        plan = plan_response(request, rid, "default", 1_700_000_000, dialect)
+        plan = plan_response(request, rid, "default", 1_700_000_000, dialect.render(request, 1_700_000_000))
         await ResponseStore(pool).create(plan.record, plan.first_events)
         tokens = dialect.write_completion([CompletionMessage("final", words)])[: events_wanted - 8]
         state = ResponseState(rid, plan.record.base_snapshot, ParseContext())

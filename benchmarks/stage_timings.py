@@ -31,7 +31,7 @@ async def measure(streams: int, rounds: int, nice: dict[str, int]) -> dict[str, 
         for name, value in nice.items():
             os.setpriority(os.PRIO_PROCESS, bench.pids()[name], value)
         namespace = bench.settings.namespace
-        nc = await connect(bench.settings.nats_url, "stage-observer")
+        nc = await connect(bench.settings, "stage-observer")
         seen: dict[str, dict[str, float]] = {}
 
         def mark(response_id: str | None, step: str) -> None:

@@ -57,7 +57,8 @@ def completions_body(max_tokens: int) -> dict[str, Any]:
     """The same prompt token ids Steno renders, and the same grammar its worker applies."""
     dialect = dialect_named(DEFAULT_DIALECT)
     request = CreateResponseRequest.model_validate({k: v for k, v in steno_body(max_tokens).items() if k != "stream"})
-    plan = plan_response(request, "resp_side_by_side", "bench", int(time.time()), dialect)
+    created_at = int(time.time())
+    plan = plan_response(request, "resp_side_by_side", "bench", created_at, dialect.render(request, created_at))
     grammar = dialect.answer_grammar(SCHEMA, "final", None)
     return {"model": MODEL, "prompt": plan.generation.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "skip_special_tokens": False,

@@ -29,12 +29,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message
 from steno.services.common import bus
+from steno.services.common.config import Settings
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.worker.worker import GenerationWorker
 
@@ -111,9 +112,14 @@ async def drop_namespace(js, names: bus.Names) -> None:
                 await js.delete_key_value(name)
 
 
+def nats_options(nats_url: str) -> bus.NatsOptions:
+    """The URL given, with the NATS credentials and TLS of the environment (STENO_NATS_*)."""
+    return bus.NatsOptions.from_settings(replace(Settings.from_env(), nats_url=nats_url))
+
+
 async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
     """Publish latency of lone 32-token batches on an idle bus."""
-    nc = await bus.connect(nats_url, "steno-bench-baseline")
+    nc = await bus.connect(nats_options(nats_url), "steno-bench-baseline")
     js = nc.jetstream()
     names = bus.Names(f"bb{secrets.token_hex(4)}", 4)
     await bus.ensure_streams(js, names)
@@ -134,9 +140,9 @@ async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
 async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], result: Result,
                       timeout_s: float, batch_interval_s: float) -> None:
     names = bus.Names(f"bw{secrets.token_hex(4)}", 4)
-    worker_nc = await bus.connect(nats_url, "steno-bench-worker")
+    worker_nc = await bus.connect(nats_options(nats_url), "steno-bench-worker")
     timed_jetstream(worker_nc, result.publish_s)
-    client_nc = await bus.connect(nats_url, "steno-bench-client")
+    client_nc = await bus.connect(nats_options(nats_url), "steno-bench-client")
     js = client_nc.jetstream()
     await bus.ensure_streams(js, names)
     worker = GenerationWorker(worker_nc, names, MODEL, engine, dialect=DEFAULT_DIALECT,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from steno.services.common.nats_options import redact_url
+
 log = logging.getLogger(__name__)
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -100,7 +102,8 @@ class Infrastructure:
 
     def describe(self) -> str:
         kinds = ", ".join(type(e).__name__ for e in self.embedded) or "none embedded"
-        return f"NATS {self.nats_url}, Postgres {self.database_url} ({kinds})"
+        # Printed by `steno up`: a password in STENO_NATS_URL stays out of it.
+        return f"NATS {redact_url(self.nats_url)}, Postgres {self.database_url} ({kinds})"
 
     def stop(self) -> None:
         for server in reversed(self.embedded):

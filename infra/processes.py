@@ -14,19 +14,19 @@ from pathlib import Path
 
 from steno.infra.embedded import free_port
 from steno.services.common.config import Settings
+from steno.services.common.nats_options import SECURITY_VARIABLES
 
 
 def remove_namespace(settings: Settings) -> None:
     """Deletes the run's streams and buckets from NATS, so test runs do not pile up."""
     import asyncio
 
-    import nats
-
-    from steno.services.common.bus import Names
+    from steno.services.common.bus import Names, connect
     from steno.services.common.bus import remove_namespace as remove
 
     async def run() -> None:
-        nc = await nats.connect([s for s in settings.nats_url.split(",") if s])
+        # Bounded: a NATS that is gone for good must not hang the end of a run.
+        nc = await connect(settings, "steno-cleanup", max_reconnect_attempts=10)
         try:
             await remove(nc.jetstream(), Names.from_settings(settings))
         finally:
@@ -36,7 +36,7 @@ def remove_namespace(settings: Settings) -> None:
 
 
 def service_env(settings: Settings) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "STENO_NATS_URL": settings.nats_url,
         "STENO_DATABASE_URL": settings.database_url,
@@ -45,7 +45,17 @@ def service_env(settings: Settings) -> dict[str, str]:
         "STENO_STREAM_REPLICAS": str(settings.stream_replicas),
         "STENO_MODEL_WAIT_S": str(settings.model_wait_s),
         "STENO_AUTH": "disabled" if settings.auth_disabled else "required",
+        "STENO_RENDER_PROCESSES": str(settings.render_processes),
+        "STENO_RENDER_TIMEOUT_S": str(settings.render_timeout_s),
     }
+    # The settings' NATS credentials and TLS, not whatever the caller's environment holds.
+    for name, variable in SECURITY_VARIABLES.items():
+        value = getattr(settings, name)
+        if value is None:
+            env.pop(variable, None)
+        else:
+            env[variable] = value
+    return env
 
 
 @dataclass

@@ -42,6 +42,7 @@ class ParserSeed(BaseModel):
 class GenerationRequest(BaseModel):
     """Work for a generation worker: published once per response on ``<ns>.gen.<model>``."""
 
+    kind: Literal["request"] = "request"
     v: Literal[1] = 1
     response_id: str
     model: str
@@ -49,6 +50,22 @@ class GenerationRequest(BaseModel):
     prompt_token_ids: list[int]
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     parser_seed: ParserSeed | None = None
+
+
+class StoredGenerationRequest(BaseModel):
+    """Work whose GenerationRequest is larger than a bus message may be (a long prompt,
+    large tools): the request itself is in the request store, a JetStream object store,
+    under ``name``, and this is what goes on ``<ns>.gen.<model>`` in its place."""
+
+    kind: Literal["stored"] = "stored"
+    v: Literal[1] = 1
+    response_id: str
+    model: str
+    name: str
+
+
+GenerationWork = GenerationRequest | StoredGenerationRequest
+generation_work: TypeAdapter[GenerationWork] = TypeAdapter(Annotated[GenerationWork, Field(discriminator="kind")])
 
 
 class GenerationEnded(BaseModel):
@@ -159,9 +176,12 @@ class CancelOrder(BaseModel):
 
 class WorkerRegistration(BaseModel):
     """The value of a model's key in the worker registry, refreshed by every worker that
-    serves the model: the API renders that model's requests in ``dialect``."""
+    serves the model: the API renders that model's requests in ``dialect`` and refuses
+    a prompt that leaves no room in ``context_tokens`` (the tokens a prompt and its
+    output may hold together)."""
 
     v: Literal[1] = 1
     model: str
     engine: str
     dialect: str
+    context_tokens: int

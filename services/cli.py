@@ -103,7 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     audit.add_argument("--restore", action="store_true", help="write back events missing from the log")
     audit.set_defaults(run=_audit)
     args = parser.parse_args(argv)
-    args.run(args)
+    from steno.services.common.nats_options import NatsRefused, NatsSettingsError
+
+    try:
+        args.run(args)
+    except (NatsSettingsError, NatsRefused) as exc:
+        # Configuration to fix, not a bug: one line that names it, no traceback.
+        print(f"steno {args.command}: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

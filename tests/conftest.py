@@ -17,6 +17,9 @@ from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
 
 SLOW_MODEL = "steno-slow"
+# A model with a context larger than the bus's largest message holds in prompt token ids.
+LONG_MODEL = "steno-long"
+LONG_CONTEXT_TOKENS = 400_000
 
 
 def _with_database(url: str, name: str) -> str:
@@ -43,6 +46,8 @@ def settings(infrastructure) -> Settings:
         namespace=f"t{run_id}",
         token_partitions=4,
         model_wait_s=1.0,
+        # Long enough for any honest prompt of the tests, short enough to wait for.
+        render_timeout_s=4.0,
     )
     yield settings_of_run
 
@@ -68,6 +73,8 @@ def stack(settings, tmp_path_factory) -> Stack:
         running.add("worker-0", "worker", "--sim-tokens-per-s", "2000")
         # A slow model, for what must happen while a response is still generating.
         running.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
+        running.add("worker-long", "worker", "--model", LONG_MODEL, "--sim-tokens-per-s", "0",
+                    "--sim-context-tokens", str(LONG_CONTEXT_TOKENS))
         running.add_api()
         running.add_api()
         yield running

@@ -8,27 +8,30 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-import asyncpg
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steno.schemas.ids import new_origin
 from steno.services import dialects
-from steno.services.api.auth import Authenticator
+from steno.services.api.auth import AuthenticateFirst, Authenticator
 from steno.services.api.errors import (
+    UNAVAILABLE,
     ApiError,
     api_error_handler,
+    client_gone_handler,
     error_body,
     http_error_handler,
+    unavailable_handler,
     unexpected_error_handler,
     validation_error_handler,
 )
 from steno.services.api.keys import KeyResolver
 from steno.services.api.models import ModelDirectory
+from steno.services.api.rendering import PromptRenderer
 from steno.services.api.responses import ResponsesService
 from steno.services.api.routes import create_fast_path, router
 from steno.services.api.store import ResponseStore
@@ -61,7 +64,7 @@ class Api:
         resources = AsyncExitStack()
         try:
             await asyncio.to_thread(dialects.load_all)
-            nc = await bus.connect(settings.nats_url, "steno-api")
+            nc = await bus.connect(settings, "steno-api")
             resources.push_async_callback(nc.close)
             js = nc.jetstream()
             await bus.ensure_streams(js, names)
@@ -78,10 +81,13 @@ class Api:
             await tail.start()
             resources.push_async_callback(tail.stop)
             store = ResponseStore(pool)
+            renderer = PromptRenderer(settings.render_processes, settings.render_timeout_s)
+            resources.callback(renderer.close)
             responses = ResponsesService(
                 names=names, js=js, store=store, reader=reader, tail=tail,
-                models=ModelDirectory(workers, settings.model_wait_s),
-                cancel_flags=await bus.cancel_flags(js, names), origin=origin,
+                models=ModelDirectory(workers, settings.model_wait_s), renderer=renderer,
+                cancel_flags=await bus.cancel_flags(js, names), request_store=await bus.request_store(js, names),
+                message_limit=bus.message_limit(nc), origin=origin,
             )
         except BaseException:
             await resources.aclose()
@@ -141,15 +147,6 @@ class _TooLarge(Exception):
     pass
 
 
-async def unavailable_handler(_: Request, exc: Exception) -> JSONResponse:
-    log.warning("backing service unavailable: %s", exc)
-    return JSONResponse(
-        error_body(503, "The service is temporarily unavailable; retry shortly."),
-        status_code=503,
-        headers={"Retry-After": "1"},
-    )
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
 
@@ -167,11 +164,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    for unavailable in (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                        asyncpg.CannotConnectNowError, TimeoutError, NatsError):
+    for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, unavailable_handler)
+    app.add_exception_handler(ClientDisconnect, client_gone_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    # Outermost of the two: the caller is known before the size check reads the body.
+    app.add_middleware(AuthenticateFirst)
     app.include_router(router)
     app.router.routes.insert(0, create_fast_path())
     return app

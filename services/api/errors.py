@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import asyncpg
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from nats.errors import Error as NatsError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+log = logging.getLogger(__name__)
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable_error"}
+          408: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error",
+          503: "service_unavailable_error"}
 
 
 class ApiError(Exception):
@@ -68,6 +74,32 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
 async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+
+# What a request fails with when Postgres or NATS cannot be reached: a 503 to retry.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError, TimeoutError,
+    NatsError,
+)
+
+
+def unavailable_response(exc: Exception) -> JSONResponse:
+    log.warning("backing service unavailable: %s", exc)
+    return JSONResponse(
+        error_body(503, "The service is temporarily unavailable; retry shortly."),
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def unavailable_handler(_: Request, exc: Exception) -> JSONResponse:
+    return unavailable_response(exc)
+
+
+async def client_gone_handler(_: Request, __: Exception) -> Response:
+    """The client left before its body was read (or the body stalled): nobody to answer,
+    and nothing went wrong here."""
+    return Response(status_code=400)
 
 
 async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -7,6 +7,8 @@ import argparse
 import uvicorn
 
 from steno.services.api.app import create_app
+from steno.services.api.http_limits import HttpLimits, limited_protocol
+from steno.services.common.config import Settings
 from steno.services.common.runtime import configure_logging
 
 
@@ -20,5 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     configure_logging("api")
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
-                timeout_keep_alive=args.keep_alive_s)
+    settings = Settings.from_env()
+    limits = HttpLimits(settings.max_header_bytes, settings.header_timeout_s, settings.body_timeout_s)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_s, http=limited_protocol(limits))

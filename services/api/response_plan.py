@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +10,7 @@ from steno.schemas.bus import GenerationRequest, ParserSeed, SamplingParams, Str
 from steno.schemas.events import LoggedEvent, created_event
 from steno.schemas.ids import derived_id
 from steno.services.api.store import NewResponse, StoredResponse
-from steno.services.dialects import Dialect, InvalidInput
+from steno.services.dialects import InvalidInput, RenderedPrompt
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -102,13 +101,12 @@ def plan_response(
     response_id: str,
     tenant_id: str,
     created_at: int,
-    dialect: Dialect,
-    history: Sequence[dict[str, Any]] = (),
+    prompt: RenderedPrompt,
 ) -> ResponsePlan:
-    """Raises InvalidInput for a request the model's dialect cannot render."""
+    """``prompt``: the request rendered in its model's dialect. Raises InvalidInput for a
+    ``text.format`` Steno cannot apply."""
     include = set(request.include or [])
     wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
-    prompt = dialect.render(request, created_at, history)
     parse_context = prompt.parse_context.model_copy(update={"include_logprobs": wants_logprobs})
     status = "queued" if request.background else "in_progress"
     snapshot = base_snapshot(request, response_id, created_at, status)

@@ -17,26 +17,37 @@ from typing import Any, get_args
 import orjson
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from openai.types.responses import ResponseIncludable
 
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import CancelOrder
+from steno.schemas.bus import (
+    CancelOrder,
+    GenerationEnded,
+    GenerationRequest,
+    StoredGenerationRequest,
+    WorkerRegistration,
+)
 from steno.schemas.events import LoggedEvent, failure_events
 from steno.schemas.fold import fold
 from steno.schemas.ids import new_response_id
 from steno.services.api.errors import ApiError
+from steno.services.api.limits import check_request, is_id
 from steno.services.api.models import ModelDirectory
+from steno.services.api.rendering import PromptRenderer, RenderFailed
 from steno.services.api.response_plan import history_items, plan_response
 from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
 from steno.services.common.bus import Names
-from steno.services.dialects import Dialect, InvalidInput, UnknownDialect, dialect_named
+from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_named
 from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
 
 log = logging.getLogger(__name__)
 
 INCLUDABLE = frozenset(get_args(ResponseIncludable))
-# How long a cancel waits for the terminal event before answering with the snapshot as it stands.
+# How long a cancel waits for the terminal event before answering with the snapshot as it
+# stands, and how long of that for a worker to end the response before Steno ends it.
 CANCEL_WAIT_S = 10.0
+CANCEL_NUDGE_S = 2.0
 INTERRUPTED = "The stream was interrupted; resume it with starting_after set to the last sequence number received."
 UNPUBLISHED = "The generation queue was unavailable."
 
@@ -55,8 +66,18 @@ def check_include(include: list[str] | None, param: str = "include") -> None:
                            code="invalid_value")
 
 
+def _check_context(prompt: RenderedPrompt, registration: WorkerRegistration) -> None:
+    """A prompt that leaves the model no room to answer is refused before anything is
+    recorded, as OpenAI refuses it."""
+    if len(prompt.token_ids) >= registration.context_tokens:
+        raise ApiError(400, f"Your input exceeds the context window of this model: the prompt is "
+                       f"{len(prompt.token_ids)} tokens, and the model holds {registration.context_tokens} tokens "
+                       "with its output.", param="input", code="context_length_exceeded")
+
+
 def _not_found(response_id: str) -> ApiError:
-    return ApiError(404, f"No response found with id '{response_id}'.", param="response_id")
+    named = f" with id '{response_id}'" if is_id(response_id) else ""  # nothing else is echoed back
+    return ApiError(404, f"No response found{named}.", param="response_id")
 
 
 class ResponsesService:
@@ -69,13 +90,20 @@ class ResponsesService:
         reader: EventReader,
         tail: ResponseTail,
         models: ModelDirectory,
+        renderer: PromptRenderer,
         cancel_flags: KeyValue,
+        request_store: ObjectStore,
+        message_limit: int,
         origin: str,
     ) -> None:
         """``origin``: this process's tag, carried by the ids it makes (their events are
-        announced where ``tail`` listens for them)."""
+        announced where ``tail`` listens for them). ``message_limit``: the largest bus
+        message; a larger generation request goes through ``request_store``."""
         self._names = names
         self._js = js
+        self._renderer = renderer
+        self._request_store = request_store
+        self._message_limit = message_limit
         self._store = store
         self._reader = reader
         self._tail = tail
@@ -86,15 +114,22 @@ class ResponsesService:
     async def create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
         """Records and queues a response: its event stream (``stream``), the queued
         response (``background``), or the finished one."""
+        check_request(request)
         if request.background and not request.store:
             raise ApiError(400, "Background responses must be stored (store=true).", param="store",
                            code="invalid_value")
         check_include(request.include)
         history = await self._history(request, tenant)
-        dialect = await self._dialect_of(request.model)
+        registration, dialect = await self._served(request.model)
+        created_at = int(time.time())
+        try:
+            prompt = await self._renderer.render(dialect, request, created_at, history, reuse_scope=tenant)
+        except RenderFailed as exc:
+            raise ApiError(400, str(exc), param=exc.param or "input", code="invalid_value") from exc
+        _check_context(prompt, registration)
         response_id = new_response_id(self._origin)
         try:
-            plan = plan_response(request, response_id, tenant, int(time.time()), dialect, history)
+            plan = plan_response(request, response_id, tenant, created_at, prompt)
         except InvalidInput as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
         snapshot = plan.record.base_snapshot
@@ -103,8 +138,7 @@ class ResponsesService:
         # stored without reading them back.
         live = await self._tail.listen(response_id) if request.stream else None
         try:
-            await self._js.publish(self._names.gen_subject(request.model), plan.generation.model_dump_json().encode(),
-                                   headers={"Nats-Msg-Id": response_id})
+            await self._queue(plan.generation)
         except Exception as exc:
             log.exception("publishing %s failed", response_id)
             if live is not None:
@@ -148,7 +182,12 @@ class ResponsesService:
         if stored.finished:
             raise ApiError(400, f"Cannot cancel a response whose status is '{stored.status}'.", param="response_id")
         await self._order_cancel(response_id)
-        final = await self._terminal_snapshot(response_id, CANCEL_WAIT_S)
+        final = await self._terminal_snapshot(response_id, CANCEL_NUDGE_S)
+        if final is None:
+            # No worker ended it (none serves the model any more, or its worker is gone):
+            # the response is ended where its token stream stands, by the parser as ever.
+            await self._end_cancelled(response_id)
+            final = await self._terminal_snapshot(response_id, CANCEL_WAIT_S - CANCEL_NUDGE_S)
         if final is not None:
             return final
         refreshed = await self._store.get(response_id, tenant)
@@ -167,25 +206,42 @@ class ResponsesService:
     async def input_items(self, response_id: str, tenant: str, after: str | None, limit: int,
                           descending: bool) -> InputItemsPage:
         await self._owned(response_id, tenant)
-        page = await self._store.input_items_page(response_id, after, limit, descending=descending)
+        page = None
+        if after is None or is_id(after):
+            page = await self._store.input_items_page(response_id, after, limit, descending=descending)
         if page is None:
-            raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
+            named = f" with id '{after}'" if after is not None and is_id(after) else ""
+            raise ApiError(400, f"No input item{named} in this response.", param="after")
         return page
 
     async def _owned(self, response_id: str, tenant: str) -> StoredResponse:
         """The caller's stored response, or the same 404 whether it is missing or another tenant's."""
+        if not is_id(response_id):
+            raise _not_found(response_id)
         stored = await self._store.get(response_id, tenant)
         if stored is None:
             raise _not_found(response_id)
         return stored
 
-    async def _dialect_of(self, model: str) -> Dialect:
+    async def _queue(self, generation: GenerationRequest) -> None:
+        """Publishes the work; one too large for a bus message goes into the request
+        store, and a note of where it is goes on the queue."""
+        body = generation.model_dump_json().encode()
+        if len(body) > self._message_limit:
+            await self._request_store.put(generation.response_id, body)
+            body = StoredGenerationRequest(response_id=generation.response_id, model=generation.model,
+                                           name=generation.response_id).model_dump_json().encode()
+        await self._js.publish(self._names.gen_subject(generation.model), body,
+                               headers={"Nats-Msg-Id": generation.response_id})
+
+    async def _served(self, model: str) -> tuple[WorkerRegistration, Dialect]:
+        """The model's registration and dialect: a 404 when no worker serves it."""
         registration = await self._models.registration(model)
         if registration is None:
             raise ApiError(404, f"The model '{model}' does not exist or no worker serves it.", param="model",
                            code="model_not_found")
         try:
-            return dialect_named(registration.dialect)
+            return registration, dialect_named(registration.dialect)
         except UnknownDialect as exc:
             log.error("model %s is served in dialect %r, which this API does not know", model, registration.dialect)
             raise ApiError(503, f"The model '{model}' speaks a dialect this server cannot render yet; retry "
@@ -232,6 +288,17 @@ class ResponsesService:
             return stored.snapshot
         events = await self._reader.read_after(stored.response_id, -1)
         return fold(orjson.loads(e.payload) for e in events) or stored.base_snapshot
+
+    async def _end_cancelled(self, response_id: str) -> None:
+        """Puts a cancelled end on the response's token stream at its next position. Had a
+        worker published there meanwhile, the end counts as a duplicate and that worker,
+        seeing the cancel order, ends the response itself."""
+        at = await self._store.stream_position(response_id)
+        ended = GenerationEnded(response_id=response_id, attempt=at.attempt, batch_count=at.next_batch_no,
+                                finish_reason="cancelled", prompt_tokens=at.prompt_tokens,
+                                output_tokens=at.output_tokens)
+        await self._js.publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": f"{response_id}:cancelled:{at.attempt}:{at.next_batch_no}"})
 
     async def _order_cancel(self, response_id: str) -> None:
         await self._store.request_cancel(response_id)

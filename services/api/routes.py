@@ -3,10 +3,12 @@ service (``responses.py``) as the caller's tenant, and writes what it returns.""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -14,11 +16,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steno.schemas.api import CreateResponseRequest
-from steno.services.api.errors import ApiError
+from steno.services.api.errors import ApiError, validation_error_handler
 from steno.services.api.responses import EventStream, ResponsesService, check_include
 from steno.services.edge import EventStreamResponse
 
 router = APIRouter()
+_SEQUENCE_NUMBER = re.compile(r"^[0-9]{1,18}$")
 
 
 # Dependencies are coroutines: FastAPI runs plain functions in a thread pool, a thread
@@ -29,7 +32,8 @@ async def responses_service(request: Request) -> ResponsesService:
 
 
 async def tenant_of(request: Request) -> str:
-    tenant: str = await request.app.state.api.authenticate(request)
+    """Resolved before the request reached the route (``auth.AuthenticateFirst``)."""
+    tenant: str = request.state.tenant
     return tenant
 
 
@@ -83,10 +87,9 @@ async def retrieve_response(
         return _json(await service.retrieve(response_id, tenant))
     cursor = starting_after
     if cursor is None and last_event_id:
-        try:
-            cursor = int(last_event_id)
-        except ValueError:
-            raise ApiError(400, "Last-Event-ID must be a sequence number.", param="Last-Event-ID") from None
+        if not _SEQUENCE_NUMBER.match(last_event_id):  # int() would also take "1_0" and " 7"
+            raise ApiError(400, "Last-Event-ID must be a sequence number.", param="Last-Event-ID")
+        cursor = int(last_event_id)
     return _answer(await service.stream(response_id, tenant, cursor))
 
 
@@ -134,15 +137,27 @@ class CreateFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        if not _is_json(request.headers.get("content-type", "")):
             return await self._declared(scope, receive, send)
         body = await request.body()
         try:
             parsed = CreateResponseRequest.model_validate_json(body)
-        except ValidationError:
+        except ValidationError as invalid:
+            errors = invalid.errors(include_input=False)
+            if any(error["type"] == "json_invalid" for error in errors):
+                # FastAPI's own parser takes JSON this one refuses (unpaired surrogates,
+                # nesting without limit): such a body must not reach the declared route.
+                answer = await validation_error_handler(request, RequestValidationError(errors))
+                return await answer(scope, receive, send)
             return await self._declared(scope, _replaying(body, receive), send)
         response = await create_response(parsed, await responses_service(request), await tenant_of(request))
         await response(scope, receive, send)
+
+
+def _is_json(content_type: str) -> bool:
+    """What FastAPI parses as JSON: no content type, ``application/json`` or ``application/*+json``."""
+    media = content_type.partition(";")[0].strip().lower()
+    return not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

@@ -10,7 +10,7 @@ import asyncpg
 import orjson
 
 from steno.schemas.events import LoggedEvent
-from steno.services.common.db import unnest_columns
+from steno.services.common.db import UNSTORED_GRACE, unnest_columns
 from steno.services.common.group_commit import GroupCommitter
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -42,6 +42,17 @@ class StoredResponse:
     @property
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """The next message the parser applies: batch ``next_batch_no`` (or the end) of
+    ``attempt``, after ``output_tokens`` tokens."""
+
+    attempt: int
+    next_batch_no: int
+    output_tokens: int
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -81,8 +92,10 @@ class ResponseStore:
         The row is updated first: a response deleted meanwhile gets no events."""
         async with self._pool.acquire() as conn, conn.transaction():
             updated = await conn.fetchval(
-                "UPDATE responses SET status = 'failed', snapshot = $2::jsonb, error = $3::jsonb,"
-                " completed_at = now(), updated_at = now() WHERE id = $1 RETURNING true",
+                "UPDATE responses SET status = 'failed', snapshot = $2::json, error = $3::json,"
+                " completed_at = now(), updated_at = now(),"
+                f" expires_at = CASE WHEN store THEN expires_at ELSE now() + interval '{UNSTORED_GRACE}' END"
+                " WHERE id = $1 RETURNING true",
                 response_id,
                 _json(snapshot),
                 _json(snapshot.get("error")),
@@ -174,6 +187,12 @@ class ResponseStore:
         items = [orjson.loads(r[0]) for r in rows]
         return InputItemsPage(items[:limit], has_more=len(items) > limit)
 
+    async def stream_position(self, response_id: str) -> StreamPosition:
+        """Where the parser's record of a response's token stream stands."""
+        row = await self._pool.fetchrow(_POSITION, response_id)
+        assert row is not None  # an aggregate always has its row
+        return StreamPosition(row[0], row[1], row[2], row[3])
+
     async def request_cancel(self, response_id: str) -> None:
         await self._pool.execute(
             "UPDATE responses SET cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1",
@@ -200,17 +219,26 @@ class ResponseStore:
         return gone
 
 
+_POSITION = """
+WITH latest AS (SELECT max(attempt) AS attempt FROM response_tokens WHERE response_id = $1)
+SELECT coalesce(l.attempt, 0),
+       coalesce((SELECT max(batch_no) + 1 FROM response_tokens WHERE response_id = $1 AND attempt = l.attempt), 0),
+       (SELECT coalesce(sum(cardinality(token_ids)), 0) FROM response_tokens WHERE response_id = $1)::int,
+       coalesce((SELECT (parse_context->>'prompt_tokens')::int FROM responses WHERE id = $1), 0)
+FROM latest AS l
+"""
+
 _CREATE = """
 WITH new_responses AS (
     INSERT INTO responses (id, tenant_id, model, status, background, store, previous_response_id,
                            request, parse_context, base_snapshot)
-    SELECT id, tenant, model, status, background, store, previous, request::jsonb, context::json, snapshot::json
+    SELECT id, tenant, model, status, background, store, previous, request::json, context::json, snapshot::json
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], $7::text[], $8::text[],
                 $9::text[], $10::text[])
          AS r(id, tenant, model, status, background, store, previous, request, context, snapshot)
 ), new_items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
-    SELECT response_id, position, item_id, item::jsonb
+    SELECT response_id, position, item_id, item::json
     FROM unnest($11::text[], $12::int[], $13::text[], $14::text[]) AS i(response_id, position, item_id, item)
 )
 INSERT INTO response_events (response_id, seq, type, payload)

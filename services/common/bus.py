@@ -11,12 +11,12 @@ model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders).
 from __future__ import annotations
 
 import logging
-import re
+import string
 import zlib
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import lru_cache
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -24,15 +24,18 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     KeyValueConfig,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 
 from steno.schemas.ids import origin_of
 from steno.services.common.config import Settings
+from steno.services.common.nats_options import NatsOptions, open_connection
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +52,14 @@ WORKER_REGISTRATION_EVERY_S = 3.0
 WORKER_REGISTRATION_TTL_S = 10.0
 
 
+@lru_cache(maxsize=1024)
 def model_token(model: str) -> str:
-    """A model name made safe for one NATS subject token."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", model)
+    """A model name as one NATS subject token: letters, digits and '-' as they are, any
+    other character as ``_<hex code>_``, so that two names never share a token."""
+    return "".join(c if c in _TOKEN_SAFE else f"_{ord(c):x}_" for c in model)
+
+
+_TOKEN_SAFE = frozenset(string.ascii_letters + string.digits + "-")
 
 
 def partition_of(response_id: str, partitions: int) -> int:
@@ -111,23 +119,20 @@ class Names:
     def parsers_bucket(self) -> str:
         return f"{self.namespace}_parsers"
 
+    @property
+    def requests_store(self) -> str:
+        return f"{self.namespace}_requests"
+
     @classmethod
     def from_settings(cls, settings: Settings) -> Names:
         return cls(settings.namespace, settings.token_partitions, settings.stream_replicas)
 
 
-async def connect(url: str, name: str) -> Client:
-    async def on_error(exc: Exception) -> None:
-        log.warning("nats: %s", exc)
-
-    return await nats.connect(
-        # Several servers (a cluster) may be given, comma-separated.
-        [server.strip() for server in url.split(",") if server.strip()],
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-    )
+async def connect(nats_config: Settings | NatsOptions, name: str, *, max_reconnect_attempts: int = -1) -> Client:
+    """Connects to every server of ``STENO_NATS_URL`` with the settings' credentials and
+    TLS (``nats_options``); NatsSettingsError or NatsRefused say what to fix."""
+    options = nats_config if isinstance(nats_config, NatsOptions) else NatsOptions.from_settings(nats_config)
+    return await open_connection(options, name, max_reconnect_attempts=max_reconnect_attempts)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
@@ -183,6 +188,22 @@ async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S, names.replicas)
 
 
+async def request_store(js: JetStreamContext, names: Names) -> ObjectStore:
+    """Generation requests too large for a bus message (``StoredGenerationRequest``),
+    by response id; they expire with the token streams."""
+    try:
+        return await js.object_store(names.requests_store)
+    except BucketNotFoundError:
+        return await js.create_object_store(names.requests_store, ObjectStoreConfig(
+            bucket=names.requests_store, ttl=TOKENS_MAX_AGE_S, storage=StorageType.FILE, replicas=names.replicas))
+
+
+def message_limit(nc: Client) -> int:
+    """The largest message body worth publishing: the server's limit, less room for the
+    headers (a message id) that go with it."""
+    return max(nc.max_payload - 4096, 1024)
+
+
 async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     """Deletes every stream and bucket of a namespace (for test and benchmark runs)."""
     for stream in (names.gen_stream, names.tokens_stream):
@@ -191,6 +212,8 @@ async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     for bucket in (names.cancel_bucket, names.workers_bucket, names.parser_leases_bucket, names.parsers_bucket):
         with suppress(Exception):
             await js.delete_key_value(bucket)
+    with suppress(Exception):
+        await js.delete_object_store(names.requests_store)
 
 
 def durable_pull_config(

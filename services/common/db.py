@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncpg
 
+# How long a response created with store=false outlives its end: its running stream
+# reads it until then, and every API replica purges it after.
+UNSTORED_GRACE = "5 minutes"
+
 
 def asyncpg_dsn(url: str) -> str:
     """Accepts SQLAlchemy-style URLs too (``postgresql+asyncpg://``)."""

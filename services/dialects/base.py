@@ -115,10 +115,13 @@ class Dialect(Protocol):
     name: str
 
     def render(
-        self, request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = ()
+        self, request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = (),
+        reuse_scope: str = "",
     ) -> RenderedPrompt:
         """The prompt for ``request`` after ``history`` (earlier turns' items, oldest
-        first); raises InvalidInput for what it cannot render."""
+        first); raises InvalidInput for what it cannot render. What a dialect keeps of a
+        request to reuse for the next (rendered text) serves only requests of the same
+        ``reuse_scope`` (the tenant)."""
         ...
 
     def splitter(self, context: ParseContext) -> CompletionSplitter: ...

@@ -75,9 +75,11 @@ class ToolCatalog:
             self.custom.add(qualified_name)
 
 
-def _custom_parameters(tool: dict[str, Any]) -> dict[str, Any]:
+def _custom_parameters(tool: dict[str, Any], param: str) -> dict[str, Any]:
     description = "The complete freeform input for this tool, passed through verbatim."
     fmt = tool.get("format") or {}
+    if not isinstance(fmt, dict):
+        raise InvalidInput("a custom tool's format must be an object", f"{param}.format")
     if fmt.get("type") == "grammar":
         description += f" It must match this {fmt.get('syntax', '')} grammar:\n{fmt.get('definition', '')}"
     return {
@@ -96,13 +98,15 @@ def _add_callable(catalog: ToolCatalog, tool: dict[str, Any], param: str, namesp
     if qualified in catalog.functions:
         raise InvalidInput(f"tool {qualified!r} is declared twice", f"{param}.name")
     description = tool.get("description") or ""
+    if not isinstance(description, str):
+        raise InvalidInput("a tool's description must be a string", f"{param}.description")
     if kind == "function":
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidInput("function parameters must be a JSON schema object", f"{param}.parameters")
         catalog.functions[qualified] = FunctionTool(qualified, description, parameters)
     elif kind == "custom":
-        catalog.functions[qualified] = FunctionTool(qualified, description, _custom_parameters(tool))
+        catalog.functions[qualified] = FunctionTool(qualified, description, _custom_parameters(tool, param))
         catalog.custom.add(qualified)
     else:
         raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
@@ -168,7 +172,10 @@ def apply_tool_choice(catalog: ToolCatalog, choice: str | dict[str, Any]) -> tup
         return only, f"You must call the tool `{name}`."
     if kind == "allowed_tools":
         allowed = catalog.narrowed()
-        for index, tool in enumerate(choice.get("tools") or []):
+        listed = choice.get("tools") or []
+        if not isinstance(listed, list):
+            raise InvalidInput("allowed_tools needs a list of tools", "tool_choice.tools")
+        for index, tool in enumerate(listed):
             tool_kind = tool.get("type") if isinstance(tool, dict) else None
             if tool_kind in WEB_SEARCH_TOOLS:
                 allowed.browser = catalog.browser

@@ -24,8 +24,14 @@ KEEPALIVE_COMMENT = b": keepalive\n\n"
 FailureEvents = Callable[[int], list[LoggedEvent]]
 
 
+# Characters some clients take for line ends (Python's str.splitlines does) though SSE
+# does not: escaped in the data, which stays the same JSON.
+_LINE_ENDS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def frame(event: LoggedEvent) -> bytes:
-    return f"event: {event.type}\nid: {event.seq}\ndata: {event.payload}\n\n".encode()
+    data = event.payload if event.payload.isascii() else event.payload.translate(_LINE_ENDS)
+    return f"event: {event.type}\nid: {event.seq}\ndata: {data}\n\n".encode()
 
 
 async def sse_body(

@@ -58,9 +58,9 @@ class ResponseTail:
     async def _on_origin_message(self, msg: Msg) -> None:
         following = self._following.get(msg.subject.rpartition(".")[2])
         if following:
-            events = CommittedEvents.model_validate_json(msg.data).events
+            committed = CommittedEvents.model_validate_json(msg.data)
             for live in following:
-                live.queue.put_nowait(events)
+                live.queue.put_nowait(committed)
 
     async def _read_after(self, response_id: str, cursor: int) -> list[LoggedEvent]:
         """Reads, retrying through a short Postgres outage; raises when it lasts too long."""
@@ -145,7 +145,11 @@ class ResponseTail:
                     # Cheaper than wait_for (no task per wait); an event that comes as the
                     # wait ends stays queued for the next one.
                     async with asyncio.timeout_at(min(poll_at, keepalive_at)):
-                        batch = await live.queue.get()
+                        committed = await live.queue.get()
+                    batch = committed.events
+                    if committed.through_seq is not None and committed.through_seq > cursor:
+                        # Announced without the events (too large for a message): they are in Postgres.
+                        batch = await self._read_after(response_id, cursor)
                     interval = poll_interval_s
                     poll_at = loop.time() + interval
                 except TimeoutError:
@@ -168,12 +172,12 @@ class LiveEvents:
     but a message can be lost, which the tail notices as a gap)."""
 
     def __init__(self, forget: Callable[[], None] | None = None) -> None:
-        self.queue: asyncio.Queue[list[LoggedEvent]] = asyncio.Queue()
+        self.queue: asyncio.Queue[CommittedEvents] = asyncio.Queue()
         self.subscription: Subscription | None = None
         self._forget = forget
 
     async def on_message(self, msg: Msg) -> None:
-        self.queue.put_nowait(CommittedEvents.model_validate_json(msg.data).events)
+        self.queue.put_nowait(CommittedEvents.model_validate_json(msg.data))
 
     async def close(self) -> None:
         if self.subscription is not None:

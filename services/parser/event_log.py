@@ -11,9 +11,7 @@ import orjson
 
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.events import LoggedEvent
-from steno.services.common.db import unnest_columns
-
-UNSTORED_GRACE = "5 minutes"
+from steno.services.common.db import UNSTORED_GRACE, unnest_columns
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ WITH new_events AS (
     {on_conflict}
 ), new_tokens AS (
     INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)
-    SELECT r, a, b, t::int[], l::jsonb, e::jsonb
+    SELECT r, a, b, t::int[], l::json, e::json
     FROM unnest($5::text[], $6::int[], $7::int[], $8::text[], $9::text[], $10::text[]) AS u(r, a, b, t, l, e)
     {on_conflict}
 ), started AS (
@@ -139,7 +137,7 @@ WITH new_events AS (
     WHERE id = ANY($11::text[]) AND status = 'queued'
 ), finished AS (
     UPDATE responses AS r
-    SET status = f.status, snapshot = f.snapshot::jsonb, usage = f.usage::jsonb, error = f.error::jsonb,
+    SET status = f.status, snapshot = f.snapshot::json, usage = f.usage::json, error = f.error::json,
         completed_at = now(), updated_at = now(),
         -- A response that is not to be stored lives on only for its running stream.
         expires_at = CASE WHEN r.store THEN r.expires_at ELSE now() + interval '{UNSTORED_GRACE}' END

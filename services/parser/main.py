@@ -24,7 +24,7 @@ def run(_: argparse.Namespace) -> None:
 
     async def main(stop: asyncio.Event) -> None:
         dialects.load_all()
-        nc = await bus.connect(settings.nats_url, "steno-parser")
+        nc = await bus.connect(settings, "steno-parser")
         # One connection per partition it may hold, so commits never queue for a connection.
         pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
         instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"

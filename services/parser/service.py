@@ -19,11 +19,11 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_stream_message
-from steno.schemas.events import CommittedEvents
 from steno.schemas.responses import ParseContext
-from steno.services.common.bus import Names, durable_pull_config, ensure_streams, partition_of
+from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
+from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.leases import PartitionLeases
 from steno.services.parser.response_state import OutOfOrder, ResponseState
@@ -48,6 +48,7 @@ class ParserService:
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        self._message_limit = message_limit(nc)
         self._log = EventLog(pool)
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
@@ -175,6 +176,8 @@ class ParserService:
         writes: list[ResponseWrite] = []
         to_ack: list[Msg] = []
         to_retry: list[Msg] = []
+        # The messages that go with each write: acked once it is committed.
+        written: dict[str, list[Msg]] = {}
         try:
             states = await self._states_for({response_id: items[0] for response_id, items in by_response.items()})
             for response_id, items in by_response.items():
@@ -201,7 +204,7 @@ class ParserService:
                         else:
                             to_retry += [m for m, _ in items[position:]]
                         break
-                    to_ack.append(msg)
+                    written.setdefault(response_id, []).append(msg)
                     if applied is None:
                         continue
                     write.events += applied.events
@@ -211,6 +214,8 @@ class ParserService:
                         write.final_snapshot = state.final_snapshot
                 if write.events or write.consumed:
                     writes.append(write)
+                else:
+                    to_ack += written.pop(response_id, [])
         except Exception:
             # States advanced here have not been committed: forget them, or the redelivered
             # batches would pass for duplicates and their events would never be written.
@@ -218,32 +223,87 @@ class ParserService:
                 self._states.pop(response_id, None)
             raise
 
-        try:
-            if writes:
-                await self._committer.commit(writes)
-        except Exception:
-            log.exception("commit failed; %d messages will be redelivered", len(to_ack))
-            for write in writes:
-                self._states.pop(write.response_id, None)
-            to_retry += to_ack
-            to_ack = []
-            writes = []
-
-        for write in writes:
+        committed, failed = await self._commit(writes)
+        for write in failed:
+            to_retry += written.pop(write.response_id, [])
+        for write in committed:
+            to_ack += written.pop(write.response_id, [])
             if write.final_snapshot is not None:
                 self._states.pop(write.response_id, None)
-            if write.events:
-                committed = CommittedEvents(response_id=write.response_id, events=write.events)
+            for announcement in announcements(write.response_id, write.events, self._message_limit):
                 with suppress(Exception):
-                    await self._nc.publish(
-                        self._names.events_subject(write.response_id), committed.model_dump_json().encode()
-                    )
+                    await self._nc.publish(self._names.events_subject(write.response_id), announcement)
         for msg in to_ack:
             with suppress(Exception):
                 await msg.ack()
         for msg in to_retry:
             with suppress(Exception):
                 await msg.nak(delay=RETRY_DELAY_S)
+        for write in committed:
+            if write.final_snapshot is not None and not write.final_snapshot.get("store", True):
+                await self._forget_tokens(write.response_id)
+
+    async def _commit(self, writes: list[ResponseWrite]) -> tuple[list[ResponseWrite], list[ResponseWrite]]:
+        """Commits the writes; returns those committed (or replaced by their response's
+        failure) and those to retry. A write that Postgres refuses for what it holds, not
+        for being unreachable, is tried alone, so that it cannot hold up its partition's
+        other responses; refused alone too, its response fails visibly instead."""
+        if not writes:
+            return [], []
+        try:
+            await self._committer.commit(writes)
+            return writes, []
+        except Exception as exc:
+            for write in writes:
+                self._states.pop(write.response_id, None)
+            if _unreachable(exc):
+                log.warning("commit failed (%s); %d responses will be retried", exc, len(writes))
+                return [], writes
+            log.exception("commit of %d responses refused; trying each alone", len(writes))
+        committed: list[ResponseWrite] = []
+        failed: list[ResponseWrite] = []
+        for write in writes:
+            try:
+                await self._log.commit([write])
+                committed.append(write)
+                continue
+            except Exception as exc:
+                self._states.pop(write.response_id, None)
+                if _unreachable(exc):
+                    failed.append(write)
+                    continue
+                log.exception("the write of %s is refused; the response fails", write.response_id)
+                refusal = exc
+            ending = ResponseWrite(write.response_id)
+            try:
+                await self._fail_poisoned(write.response_id, ending, refusal)
+                if ending.events or ending.consumed:
+                    await self._log.commit([ending])
+            except Exception:
+                log.exception("recording the failure of %s failed; it will be retried", write.response_id)
+                self._states.pop(write.response_id, None)
+                failed.append(write)
+                continue
+            committed.append(ending)
+        return committed, failed
+
+    async def _forget_tokens(self, response_id: str) -> None:
+        """A response not to be stored leaves no output on the bus once it has ended."""
+        try:
+            await self._js.purge_stream(self._names.tokens_stream, subject=self._names.tokens_subject(response_id))
+        except Exception:
+            log.warning("could not purge the token stream of %s (it expires with the stream's age limit)",
+                        response_id, exc_info=True)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether a commit failed for want of Postgres (retry all) rather than for what it
+    held (isolate it)."""
+    if isinstance(exc, ValueError):  # asyncpg's refusal to encode an argument is an InterfaceError too
+        return False
+    return isinstance(exc, (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                            asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError,
+                            asyncpg.SerializationError, asyncpg.DeadlockDetectedError))
 
 
 def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:

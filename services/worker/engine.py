@@ -36,6 +36,11 @@ class Engine(Protocol):
 
     name: str
 
+    @property
+    def context_tokens(self) -> int:
+        """The tokens a prompt and its output may hold together (the model's context)."""
+        ...
+
     def generate(
         self,
         request_id: str,

@@ -12,6 +12,7 @@ from steno.services.common import bus
 from steno.services.common.config import Settings
 from steno.services.common.runtime import configure_logging, freeze_startup_heap, run_until_signalled
 from steno.services.worker.engine import Engine
+from steno.services.worker.simulator import DEFAULT_CONTEXT_TOKENS
 from steno.services.worker.worker import GenerationWorker
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simulator = parser.add_argument_group("simulator engine")
     simulator.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
     simulator.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
+    simulator.add_argument("--sim-context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS,
+                           help="the context the simulated model holds (prompts that fill it are refused)")
     vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
     vllm.add_argument("--model-path",
                       help="the model directory (or hub name) vLLM loads; --model stays the served name")
@@ -84,6 +87,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     return SimulatorEngine(
         dialects.dialect_named(args.dialect),
         SimulatorTiming(first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s),
+        args.sim_context_tokens,
     )
 
 
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> None:
         # hundreds of thousands of objects to the collector, and a full collection over
         # them stalls every stream here (docs/performance.md).
         freeze_startup_heap()
-        nc = await bus.connect(settings.nats_url, f"steno-worker-{args.model}")
+        nc = await bus.connect(settings, f"steno-worker-{args.model}")
         worker = GenerationWorker(
             nc,
             bus.Names.from_settings(settings),

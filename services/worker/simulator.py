@@ -72,12 +72,18 @@ def completion_tokens(dialect: Dialect, prompt_token_ids: Sequence[int]) -> list
     return dialect.write_completion(completion_messages(dialect.read_prompt(prompt_token_ids)))
 
 
+# gpt-oss's context, which the simulator stands in for.
+DEFAULT_CONTEXT_TOKENS = 131_072
+
+
 class SimulatorEngine:
     name = "simulator"
 
-    def __init__(self, dialect: Dialect, timing: SimulatorTiming = SimulatorTiming()) -> None:
+    def __init__(self, dialect: Dialect, timing: SimulatorTiming = SimulatorTiming(),
+                 context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
         self._dialect = dialect
         self._timing = timing
+        self.context_tokens = context_tokens
         self._aborted: set[str] = set()
         # Rendering a completion costs about as much CPU as the whole pipeline spends on a
         # request; a GPU engine spends none of these cores on it, so repeated prompts reuse it.

@@ -181,6 +181,10 @@ class VllmEngine:
         return self._llm
 
     @property
+    def context_tokens(self) -> int:
+        return int(self._llm.model_config.max_model_len)
+
+    @property
     def dead(self) -> BaseException | None:
         if self._dead is None and self._llm is not None and getattr(self._llm, "errored", False):
             self._died_of(getattr(self._llm, "dead_error", None) or RuntimeError("vLLM engine errored"))

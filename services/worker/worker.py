@@ -16,8 +16,17 @@ from contextlib import suppress
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.errors import ObjectNotFoundError
 
-from steno.schemas.bus import FinishReason, GenerationEnded, GenerationRequest, TokenBatch, WorkerRegistration
+from steno.schemas.bus import (
+    FinishReason,
+    GenerationEnded,
+    GenerationRequest,
+    StoredGenerationRequest,
+    TokenBatch,
+    WorkerRegistration,
+    generation_work,
+)
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
@@ -26,6 +35,7 @@ from steno.services.common.bus import (
     durable_pull_config,
     ensure_streams,
     model_token,
+    request_store,
     worker_registry,
 )
 from steno.services.common.continuous_pull import ContinuousPull
@@ -65,7 +75,8 @@ class GenerationWorker:
         self._names = names
         self._model = model
         self._engine = engine
-        self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect)
+        self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect,
+                                                context_tokens=engine.context_tokens)
         self._concurrency = concurrency
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
                                     credits=concurrency)
@@ -93,6 +104,7 @@ class GenerationWorker:
         self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
                                  on_put=self._on_cancel)
         await self._cancels.start()
+        self._requests = await request_store(self._js, names)
         registration = asyncio.create_task(self._register())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
@@ -183,9 +195,31 @@ class GenerationWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    async def _request_of(self, work: StoredGenerationRequest, msg: Msg, attempt: int) -> GenerationRequest | None:
+        """The request a work message names in the request store; None (its response
+        failed visibly) when it is gone."""
+        try:
+            return GenerationRequest.model_validate_json((await self._requests.get(work.name)).data or b"")
+        except ObjectNotFoundError:
+            ended = GenerationEnded(response_id=work.response_id, attempt=attempt, batch_count=1,
+                                    finish_reason="error", prompt_tokens=0, output_tokens=0,
+                                    error_code="server_error",
+                                    error_message="The generation request expired before a worker could take it.")
+            batch = TokenBatch(response_id=work.response_id, attempt=attempt, batch_no=0, token_ids=[], ended=ended)
+            await self._publish(self._names.tokens_subject(work.response_id), batch.model_dump_json().encode(),
+                                f"{work.response_id}:{attempt}:0")
+            await msg.ack()
+            return None
+
     async def _generate(self, msg: Msg) -> None:
-        request = GenerationRequest.model_validate_json(msg.data)
         attempt = msg.metadata.num_delivered - 1
+        work = generation_work.validate_json(msg.data)
+        request = work if isinstance(work, GenerationRequest) else await self._request_of(work, msg, attempt)
+        if request is None:
+            return
+        # A request that came through the store is large; so may its parser seed be, which
+        # then stays off the token stream (the parser reads it from Postgres instead).
+        seeded = isinstance(work, GenerationRequest)
         rid = request.response_id
         subject = self._names.tokens_subject(rid)
         prior = await read_prior_output(self._js, self._names, rid) if attempt > 0 else PriorOutput()
@@ -206,7 +240,7 @@ class GenerationWorker:
                 resumed_after=len(prior.token_ids) if attempt > 0 and batch_no == 0 else None,
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
-                parser_seed=request.parser_seed if attempt == 0 and batch_no == 0 else None,
+                parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
             await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
@@ -253,6 +287,9 @@ class GenerationWorker:
         await publish_batch(tail, ended)
         # Unconfirmed: were the ack lost, the redelivered request finds its end published.
         await msg.ack()
+        if isinstance(work, StoredGenerationRequest):
+            with suppress(Exception):  # it expires anyway; a redelivery finds the end published
+                await self._requests.delete(work.name)
         # The usual ending is not news, and a line for every request costs a formatted
         # record and a write each; a retried attempt, an error or a cancel is news.
         level = logging.DEBUG if attempt == 0 and finish in ("stop", "length") else logging.INFO

@@ -30,12 +30,12 @@ import orjson
 
 from steno.infra.processes import Stack, wait_healthy
 from steno.schemas.bus import TokenBatch
-from steno.services.common.bus import Names
+from steno.services.common.bus import Names, partition_of
 from steno.services.common.config import Settings
 from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
-FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison"]
+FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison", "poisoned-output"]
 MODEL = "steno-fault"
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
@@ -122,9 +122,39 @@ async def poison(settings: Settings, response_id: str) -> None:
         await nc.close()
 
 
+# What the injected responses of "poisoned-output" say, and how each must end.
+NUL_TEXT = "a model may say \x00, too"
+INJECTED = {"nul": ("completed", NUL_TEXT), "refused": ("failed", None)}
+
+
+async def poisoned_output(settings: Settings, beside: str) -> dict[str, tuple[str, str | None]]:
+    """Two responses in the token partition of a live one, streamed as a worker would: one
+    whose output holds the byte-0 token (it must be stored like any text) and one whose
+    write Postgres refuses (an attempt number beyond its integer column): that one must
+    fail visibly, and neither may hold up the live responses beside them."""
+    from tests.token_streams import create, publish_interleaved, stream_of
+
+    partition = partition_of(beside, settings.token_partitions)
+    ids: dict[str, str] = {}
+    while len(ids) < len(INJECTED):
+        rid = f"resp_poisoned{secrets.token_hex(12)}"
+        if partition_of(rid, settings.token_partitions) == partition:
+            ids[list(INJECTED)[len(ids)]] = rid
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        for rid in ids.values():
+            await create(pool, rid, "injected", tenant="fault", model=MODEL)
+    finally:
+        await pool.close()
+    await publish_interleaved(settings, [stream_of(ids["nul"], NUL_TEXT),
+                                         stream_of(ids["refused"], "never stored", attempt=2**40)])
+    return {rid: INJECTED[kind] for kind, rid in ids.items()}
+
+
 async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: list[StreamRecord],
-                 rng: random.Random) -> str | None:
-    """Injects the failure; returns the id of a response expected to fail, if any."""
+                 rng: random.Random) -> str | dict[str, tuple[str, str | None]] | None:
+    """Injects the failure; returns the id of a response expected to fail, or the
+    responses it added with how each must end, if any."""
     env_stack = stack
     if failure in ("worker", "parser", "api"):
         victims = [p for p in env_stack.processes if p.name.startswith(failure)]
@@ -151,6 +181,8 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
         target = next(r.response_id for r in records if r.response_id)
         await poison(stack.settings, target)
         return target
+    elif failure == "poisoned-output":
+        return await poisoned_output(stack.settings, next(r.response_id for r in records if r.response_id))
     return None
 
 
@@ -160,10 +192,34 @@ def _env(stack: Stack) -> dict[str, str]:
     return service_env(stack.settings)
 
 
-async def check(stack: Stack, records: list[StreamRecord], expected_failure: str | None, injected_at: float,
-                result: TrialResult) -> None:
+async def check_injected(conn: asyncpg.Connection, injected: dict[str, tuple[str, str | None]],
+                         result: TrialResult) -> None:
+    for rid, (wanted, text) in injected.items():
+        for _ in range(100):
+            status = await conn.fetchval("SELECT status FROM responses WHERE id = $1", rid)
+            if status in ("completed", "failed"):
+                break
+            await asyncio.sleep(0.1)
+        if status != wanted:
+            result.failed += 1
+            result.mismatches.append(f"{rid}: injected to end {wanted}, but {status}")
+            continue
+        snapshot = orjson.loads(await conn.fetchval("SELECT snapshot::text FROM responses WHERE id = $1", rid))
+        said = "".join(part["text"] for item in snapshot["output"] if item["type"] == "message"
+                       for part in item["content"])
+        if text is not None and said != text:
+            result.mismatches.append(f"{rid}: stored {said!r}, not {text!r}")
+        if wanted == "failed" and not snapshot.get("error"):
+            result.mismatches.append(f"{rid}: failed without saying why")
+
+
+async def check(stack: Stack, records: list[StreamRecord], expected: str | dict[str, tuple[str, str | None]] | None,
+                injected_at: float, result: TrialResult) -> None:
+    expected_failure = expected if isinstance(expected, str) else None
     conn = await asyncpg.connect(stack.settings.database_url)
     try:
+        if isinstance(expected, dict):
+            await check_injected(conn, expected, result)
         for record in records:
             result.streams += 1
             if record.error:
@@ -235,9 +291,9 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
             await asyncio.sleep(0.1)
             records_so_far = [StreamRecord(response_id=r) for r in await _created(settings)]
         injected_at = time.monotonic()
-        expected_failure = await inject(failure, stack, bus, pg, records_so_far, rng)
+        expected = await inject(failure, stack, bus, pg, records_so_far, rng)
         records = await asyncio.gather(*clients)
-        await check(stack, records, expected_failure, injected_at, result)
+        await check(stack, records, expected, injected_at, result)
     finally:
         stack.stop()
         if failure == "nats-node":
@@ -261,12 +317,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def table(results: dict[str, list[TrialResult]]) -> str:
-    lines = [f"{'failure':<13} {'trials':>6} {'streams':>7} {'lost':>5} {'dup':>5} {'failed':>6} "
+    lines = [f"{'failure':<16} {'trials':>6} {'streams':>7} {'lost':>5} {'dup':>5} {'failed':>6} "
              f"{'recovery p50':>12} {'p99':>7}"]
     for failure, trials in results.items():
         recovery = [r for t in trials for r in t.recovery_s]
         lines.append(
-            f"{failure:<13} {len(trials):>6} {sum(t.streams for t in trials):>7} {sum(t.lost for t in trials):>5} "
+            f"{failure:<16} {len(trials):>6} {sum(t.streams for t in trials):>7} {sum(t.lost for t in trials):>5} "
             f"{sum(t.duplicates for t in trials):>5} {sum(t.failed for t in trials):>6} "
             f"{percentile(recovery, 0.5):>11.2f}s {percentile(recovery, 0.99):>6.2f}s"
         )

@@ -3,12 +3,17 @@
 import asyncio
 import time
 
+import asyncpg
 import httpx
+import nats
 import openai
 import orjson
 import pytest
 
+from steno.schemas.bus import WorkerRegistration
+from steno.services.common.bus import Names, model_token, worker_registry
 from tests.conftest import SLOW_MODEL
+from tests.token_streams import create, neighbours, publish_interleaved, statuses, stream_of
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +114,66 @@ def test_cancel_background_response(stack, client):
         events = list(stream)
     assert events[-1].type == "response.completed" and events[-1].response.status == "cancelled"
     assert all(item.status == "incomplete" for item in events[-1].response.output if item.status)
+
+
+async def test_cancel_ends_a_response_no_worker_will_ever_take(stack, settings, client):
+    """A model whose only worker is gone (its registration lingers a few seconds): the
+    response stays queued, and a cancel still ends it."""
+    model = "steno-orphaned"
+    nc = await nats.connect(settings.nats_url)
+    try:
+        registry = await worker_registry(nc.jetstream(), Names.from_settings(settings))
+        registration = WorkerRegistration(model=model, engine="simulator", dialect="harmony", context_tokens=1000)
+        await registry.put(model_token(model), registration.model_dump_json().encode())
+    finally:
+        await nc.close()
+    created = await asyncio.to_thread(client.responses.create, model=model, input="nobody takes me", background=True)
+    await asyncio.sleep(0.5)
+    assert (await asyncio.to_thread(client.responses.retrieve, created.id)).status == "queued"
+    started = time.monotonic()
+    cancelled = await asyncio.to_thread(client.responses.cancel, created.id)
+    assert cancelled.status == "cancelled"
+    assert time.monotonic() - started < 9
+    stored = await asyncio.to_thread(client.responses.retrieve, created.id)
+    assert stored.status == "cancelled"
+
+
+async def test_a_store_false_response_leaves_no_tokens_on_the_bus(settings, client):
+    with client.responses.stream(model=MODEL, input="leave no trace", store=False) as stream:
+        final = stream.get_final_response()
+    names = Names.from_settings(settings)
+    nc = await nats.connect(settings.nats_url)
+    try:
+        for _ in range(50):
+            info = await nc.jetstream().stream_info(names.tokens_stream, subjects_filter=names.tokens_subject(final.id))
+            if not (info.state.subjects or {}).get(names.tokens_subject(final.id)):
+                break
+            await asyncio.sleep(0.1)
+        assert not (info.state.subjects or {}).get(names.tokens_subject(final.id))
+        stored = await asyncio.to_thread(client.responses.create, model=MODEL, input="keep my tokens")
+        info = await nc.jetstream().stream_info(names.tokens_stream, subjects_filter=names.tokens_subject(stored.id))
+        assert (info.state.subjects or {}).get(names.tokens_subject(stored.id))  # a stored one keeps them
+    finally:
+        await nc.close()
+
+
+async def test_line_separators_in_text_go_escaped_in_sse_data(stack, settings, db):
+    text = "one\u2028two\u2029three\x85four"
+    (rid,) = neighbours(settings, 1)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        await create(pool, rid, "separators")
+    finally:
+        await pool.close()
+    await publish_interleaved(settings, [stream_of(rid, text)])
+    assert await statuses(db, [rid], 1) == {rid: "completed"}
+    reply = await asyncio.to_thread(httpx.get, f"{stack.base_url}/responses/{rid}", params={"stream": "true"},
+                                    headers=stack.headers(), timeout=30)
+    raw = reply.text
+    assert "\u2028" not in raw and "\u2029" not in raw and "\x85" not in raw
+    lines = raw.splitlines()  # what breaks on a raw U+2028 keeps every frame whole now
+    data = [orjson.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert data[-1]["response"]["output"][-1]["content"][0]["text"] == text
 
 
 def test_cancel_of_finished_or_foreground_responses_is_a_400(client):

@@ -41,7 +41,8 @@ async def _register(settings, model: str, registration: WorkerRegistration) -> N
 async def test_a_model_in_a_dialect_this_api_cannot_render_is_a_clear_503_and_records_nothing(
         stack, settings, client, db):
     model = "steno-unknown-dialect"
-    await _register(settings, model, WorkerRegistration(model=model, engine="vllm", dialect="klingon"))
+    await _register(settings, model,
+                    WorkerRegistration(model=model, engine="vllm", dialect="klingon", context_tokens=4096))
     with pytest.raises(openai.InternalServerError) as refused:
         await asyncio.to_thread(client.responses.create, model=model, input="qapla")
     assert refused.value.status_code == 503
@@ -49,9 +50,10 @@ async def test_a_model_in_a_dialect_this_api_cannot_render_is_a_clear_503_and_re
     assert await db.fetchval("SELECT count(*) FROM responses WHERE model = $1", model) == 0
 
 
-async def test_a_registration_for_another_name_with_the_same_subject_token_does_not_serve_this_one(
-        stack, settings, client):
-    await _register(settings, "vendor_tiny", WorkerRegistration(model="vendor/tiny", engine="vllm", dialect="harmony"))
+async def test_names_that_differ_only_in_punctuation_are_different_models(stack, settings, client):
+    assert model_token("vendor/tiny") != model_token("vendor_tiny")
+    await _register(settings, "vendor/tiny",
+                    WorkerRegistration(model="vendor/tiny", engine="vllm", dialect="harmony", context_tokens=4096))
     with pytest.raises(openai.NotFoundError) as refused:
         await asyncio.to_thread(client.responses.create, model="vendor_tiny", input="x")
     assert refused.value.code == "model_not_found"

@@ -177,7 +177,7 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
         for i in range(12):
             request = CreateResponseRequest(model=MODEL, input=f"backlog {i}", background=True)
             plan = plan_response(request, f"resp_backlog{i:02d}{settings.namespace}", "default", 1_700_000_000,
-                                 harmony)
+                                 harmony.render(request, 1_700_000_000))
             await ResponseStore(pool).create(plan.record, plan.first_events)
             rid = plan.record.response_id
             tokens = completion_tokens(harmony, plan.generation.prompt_token_ids)

@@ -32,7 +32,7 @@ async def tail(settings):
 
 
 async def next_seqs(live, timeout_s: float = 2.0) -> list[int]:
-    return [event.seq for event in await asyncio.wait_for(live.queue.get(), timeout_s)]
+    return [event.seq for event in (await asyncio.wait_for(live.queue.get(), timeout_s)).events]
 
 
 def test_an_id_carries_its_origin():

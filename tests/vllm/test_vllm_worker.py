@@ -58,7 +58,7 @@ def names(nats_url):
     yield names
 
     async def remove() -> None:
-        nc = await bus.connect(nats_url, "steno-vllm-test-cleanup")
+        nc = await bus.connect(bus.NatsOptions.from_url(nats_url), "steno-vllm-test-cleanup")
         try:
             await bus.remove_namespace(nc.jetstream(), names)
         finally:
@@ -134,7 +134,7 @@ def worker(tiny_weights_dir, nats_url, names, tmp_path_factory):
 
 @pytest.fixture
 async def js(nats_url, names):
-    nc = await bus.connect(nats_url, "steno-vllm-test")
+    nc = await bus.connect(bus.NatsOptions.from_url(nats_url), "steno-vllm-test")
     jetstream = nc.jetstream()
     await bus.ensure_streams(jetstream, names)
     yield jetstream
@@ -144,7 +144,8 @@ async def js(nats_url, names):
 def generation_request(user_input: str, **request_fields) -> GenerationRequest:
     response_id = f"resp_{secrets.token_hex(8)}"
     request = CreateResponseRequest(model=MODEL, input=user_input, **request_fields)
-    return plan_response(request, response_id, "tenant", 1700000000, dialect_named("harmony")).generation
+    return plan_response(request, response_id, "tenant", 1700000000,
+                         dialect_named("harmony").render(request, 1700000000)).generation
 
 
 async def publish(js, names: bus.Names, request: GenerationRequest) -> None:

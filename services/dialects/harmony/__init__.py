@@ -22,13 +22,14 @@ class HarmonyDialect:
         self.encoding = encoding
         self._renderer = ConversationRenderer(encoding)
         self._grammar = HarmonyGrammar(encoding)
-        self._stop_token_ids = list(encoding.stop_tokens_for_assistant_actions())
+        self._stop_token_ids = sorted(encoding.stop_tokens_for_assistant_actions())
 
     def render(
-        self, request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = ()
+        self, request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = (),
+        reuse_scope: str = "",
     ) -> RenderedPrompt:
         conversation, offered = build_conversation(request, created_at, history)
-        token_ids = self._renderer.render(conversation)
+        token_ids = self._renderer.render(conversation, reuse_scope)
         return RenderedPrompt(token_ids, offered.parse_context(self.name, len(token_ids)), list(self._stop_token_ids))
 
     def splitter(self, context: ParseContext) -> HarmonyStreamSplitter:

@@ -8,6 +8,7 @@ function tools (see ``services/dialects/tools.py``). Then the input items, in or
 from __future__ import annotations
 
 import datetime as dt
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,13 @@ from openai_harmony import (
 
 from steno.schemas.api import CreateResponseRequest
 from steno.services.dialects.base import InvalidInput
-from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG, ToolCatalog, apply_tool_choice, tool_catalog
+from steno.services.dialects.tools import (
+    CUSTOM_TOOL_INPUT_ARG,
+    TOOL_NAME,
+    ToolCatalog,
+    apply_tool_choice,
+    tool_catalog,
+)
 
 _EFFORTS = {
     "minimal": ReasoningEffort.LOW,
@@ -91,6 +98,24 @@ def _required_str(item: dict[str, Any], key: str, param: str) -> str:
     return value
 
 
+def _optional_str(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key!r} of {item.get('type')} items must be a string", f"{param}.{key}")
+    return value
+
+
+def _name(item: dict[str, Any], key: str, param: str, required: bool = True) -> str:
+    """A tool, namespace or server name, checked as declared tool names are: it is
+    rendered into the prompt's headers."""
+    value = _required_str(item, key, param) if required else _optional_str(item, key, param)
+    if value and not TOOL_NAME.match(value):
+        raise InvalidInput(f"{key!r} must be 1-64 letters, digits, '_' or '-'", f"{param}.{key}")
+    return value
+
+
 def _input_messages(
     items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog, call_authors: dict[str, str]
 ) -> list[Message]:
@@ -120,11 +145,12 @@ def _input_messages(
             messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
         elif kind in ("function_call", "custom_tool_call"):
             call_id = _required_str(item, "call_id", param)
-            name = catalog.qualified(_required_str(item, "name", param), item.get("namespace"))
+            namespace = _name(item, "namespace", param, required=False) or None
+            name = catalog.qualified(_name(item, "name", param), namespace)
             if kind == "function_call":
-                call_arguments = str(item.get("arguments") or "")
+                call_arguments = _optional_str(item, "arguments", param)
             else:
-                call_arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: item.get("input") or ""}).decode()
+                call_arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: _optional_str(item, "input", param)}).decode()
             call_authors[call_id] = f"functions.{name}"
             messages.append(_call(f"functions.{name}", call_arguments))
         elif kind in ("function_call_output", "custom_tool_call_output"):
@@ -134,7 +160,8 @@ def _input_messages(
                 raise InvalidInput(f"no tool call with call_id {answered!r} precedes this output", f"{param}.call_id")
             messages.append(_tool_result(author, _output_text(item.get("output"), f"{param}.output")))
         elif kind == "code_interpreter_call":
-            messages.append(_call("python", item.get("code") or "", channel="analysis").with_content_type("code"))
+            code = _optional_str(item, "code", param)
+            messages.append(_call("python", code, channel="analysis").with_content_type("code"))
         elif kind == "web_search_call":
             action = item.get("action") or {}
             if not isinstance(action, dict):
@@ -143,10 +170,10 @@ def _input_messages(
             arguments = {k: v for k, v in action.items() if k != "type"}
             messages.append(_call(f"browser.{command}", orjson.dumps(arguments).decode(), channel="analysis"))
         elif kind == "mcp_call":
-            name = _required_str(item, "name", param)
-            label = item.get("server_label") or name
+            name = _name(item, "name", param)
+            label = _name(item, "server_label", param, required=False) or name
             recipient = f"mcp.{name}" if label == name else name
-            messages.append(_call(recipient, item.get("arguments") or ""))
+            messages.append(_call(recipient, _optional_str(item, "arguments", param)))
             if item.get("output") is not None:
                 messages.append(_tool_result(recipient, _output_text(item["output"], f"{param}.output")))
         else:
@@ -196,11 +223,12 @@ def build_conversation(
 # The system and developer messages are the same for most requests, and Harmony pays a
 # pass over its special tokens for every formatting token it renders, so those two are
 # rendered once and reused (docs/performance.md). Nothing else is kept: the other
-# messages are the tenants' own text, rarely repeated, and a large one would stay in
-# memory; nor is a message larger than this.
-_REUSED_ROLES = frozenset({Role.SYSTEM, Role.DEVELOPER})
+# messages are the tenants' own text, rarely repeated. A developer message holds a
+# tenant's instructions and tools: it is reused only for the same tenant, so that no
+# tenant's text serves (or times) another's request. A message larger than this is not
+# kept, and all that is kept stays within a byte budget.
 _REUSED_MAX_CHARS = 64 * 1024
-_REUSED_MAX = 256
+_REUSED_MAX_BYTES = 8 * 1024 * 1024
 
 
 class ConversationRenderer:
@@ -211,9 +239,11 @@ class ConversationRenderer:
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
         self._completion_start = encoding.encode("<|start|>assistant", allowed_special="all")
-        self._reused: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+        # (scope, message JSON, whether the conversation has function tools) -> tokens
+        self._reused: OrderedDict[tuple[str, str, bool], array[int]] = OrderedDict()
+        self._reused_bytes = 0
 
-    def render(self, conversation: Conversation) -> list[int]:
+    def render(self, conversation: Conversation, reuse_scope: str = "") -> list[int]:
         messages = conversation.messages
         has_function_tools = any(
             isinstance(content, DeveloperContent) and content.tools and content.tools.get("functions")
@@ -232,23 +262,29 @@ class ConversationRenderer:
             if last_assistant_is_final and first_final is not None and index < first_final \
                     and message.channel == "analysis":
                 continue
-            tokens += self._message(message, bool(has_function_tools))
+            tokens += self._message(message, bool(has_function_tools), reuse_scope)
         return tokens + self._completion_start
 
-    def _message(self, message: Message, has_function_tools: bool) -> list[int]:
+    def _message(self, message: Message, has_function_tools: bool, reuse_scope: str) -> Sequence[int]:
         options = RenderOptions(conversation_has_function_tools=has_function_tools)
-        if message.author.role not in _REUSED_ROLES:
+        role = message.author.role
+        if role not in (Role.SYSTEM, Role.DEVELOPER):
             return self._encoding.render(message, options)
         text = message.to_json()
         if len(text) > _REUSED_MAX_CHARS:
             return self._encoding.render(message, options)
-        key = (text, has_function_tools)
+        key = ("" if role == Role.SYSTEM else reuse_scope, text, has_function_tools)
         tokens = self._reused.get(key)
-        if tokens is None:
-            tokens = self._encoding.render(message, options)
-            self._reused[key] = tokens
-            if len(self._reused) > _REUSED_MAX:
-                self._reused.popitem(last=False)
-        else:
+        if tokens is not None:
             self._reused.move_to_end(key)
+            return tokens
+        tokens = array("I", self._encoding.render(message, options))
+        self._reused[key] = tokens
+        self._reused_bytes += _size(key, tokens)
+        while self._reused_bytes > _REUSED_MAX_BYTES:
+            self._reused_bytes -= _size(*self._reused.popitem(last=False))
         return tokens
+
+
+def _size(key: tuple[str, str, bool], tokens: array[int]) -> int:
+    return len(key[0]) + len(key[1]) + tokens.itemsize * len(tokens)

@@ -133,9 +133,10 @@ def test_the_rendered_prompt_names_its_dialect_tools_and_stop_tokens():
     assert stops == {"<|return|>", "<|call|>"}
 
 
-def test_only_system_and_developer_messages_are_kept_for_reuse():
+def test_only_system_and_developer_messages_are_kept_for_reuse_and_each_tenants_apart():
     """A tenant's text is not kept in memory after its request (nor a large developer
-    message): only the small messages most requests share are reused."""
+    message): only the small messages most requests share are reused, a developer
+    message (a tenant's instructions and tools) only for its own tenant."""
     from steno.services.dialects.harmony.render import ConversationRenderer
 
     renderer = ConversationRenderer(encoding())
@@ -144,7 +145,22 @@ def test_only_system_and_developer_messages_are_kept_for_reuse():
     for request in (CreateResponseRequest(model="m", input=secret, instructions="Be brief."),
                     CreateResponseRequest(model="m", input="hi", instructions=huge_instructions)):
         conversation, _ = build_conversation(request, 0)
-        renderer.render(conversation)
-    kept = " ".join(text for text, _ in renderer._reused)
-    assert "Be brief." in kept
-    assert "secret" not in kept and huge_instructions not in kept
+        renderer.render(conversation, reuse_scope="tenant-a")
+    kept = {(scope, text) for scope, text, _ in renderer._reused}
+    assert any(scope == "tenant-a" and "Be brief." in text for scope, text in kept)
+    assert any(scope == "" and '"system"' in text for scope, text in kept)  # the system message is no one's
+    assert not any("secret" in text or huge_instructions in text for _, text in kept)
+    conversation, _ = build_conversation(CreateResponseRequest(model="m", input="x", instructions="Be brief."), 0)
+    assert renderer.render(conversation, reuse_scope="tenant-b") == renderer.render(conversation, "tenant-a")
+    assert sum(scope == "tenant-b" for scope, _ in kept | {(s, t) for s, t, _ in renderer._reused}) == 1
+
+
+def test_what_is_kept_for_reuse_stays_within_its_byte_budget():
+    from steno.services.dialects.harmony import render
+
+    renderer = render.ConversationRenderer(encoding())
+    for index in range(400):
+        request = CreateResponseRequest(model="m", input="x", instructions=f"{index} " + "word " * 8000)
+        renderer.render(build_conversation(request, 0)[0], reuse_scope="t")
+    assert 0 < renderer._reused_bytes <= render._REUSED_MAX_BYTES
+    assert len(renderer._reused) < 400
