@@ -23,8 +23,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from pydantic import BaseModel
-
 from steno.schemas.api import CreateResponseRequest
 from steno.services import dialects
 from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt
@@ -49,26 +47,21 @@ class RenderFailed(Exception):
         return RenderFailed, (str(self), self.param)  # it crosses from a render process
 
 
-def _texts(value: Any) -> Any:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _texts(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item)
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from _texts(getattr(value, name))
-
-
 def renders_in_place(request: CreateResponseRequest, history: Sequence[dict[str, Any]]) -> bool:
+    """Whether the text that goes into the prompt (the input, instructions, tools and
+    earlier turns) is small and free of long unbroken runs."""
     total = 0
-    for text in _texts([request, list(history)]):
-        total += len(text)
-        if total > INLINE_MAX_CHARS or (len(text) > INLINE_MAX_RUN and _LONG_RUN.search(text)):
-            return False
+    pending: list[Any] = [request.input, request.instructions, request.tools, request.tool_choice, list(history)]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            total += len(value)
+            if total > INLINE_MAX_CHARS or (len(value) > INLINE_MAX_RUN and _LONG_RUN.search(value)):
+                return False
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
     return True
 
 

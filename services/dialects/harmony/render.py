@@ -220,21 +220,20 @@ def build_conversation(
     return Conversation.from_messages(conversation + messages), offered
 
 
-# The system and developer messages are the same for most requests, and Harmony pays a
-# pass over its special tokens for every formatting token it renders, so those two are
-# rendered once and reused (docs/performance.md). Nothing else is kept: the other
-# messages are the tenants' own text, rarely repeated. A developer message holds a
-# tenant's instructions and tools: it is reused only for the same tenant, so that no
-# tenant's text serves (or times) another's request. A message larger than this is not
-# kept, and all that is kept stays within a byte budget.
+# Rendered messages are reused: the system and developer messages are the same for most
+# requests, a client that keeps its own history sends every earlier turn again, and
+# Harmony pays a pass over its special tokens for every formatting token it renders
+# (docs/performance.md). A message other than the system message (which holds no
+# tenant's text) is reused only for the same tenant, so that no tenant's text serves (or
+# times) another's request. A message larger than this is not kept, and all that is
+# kept stays within a byte budget.
 _REUSED_MAX_CHARS = 64 * 1024
 _REUSED_MAX_BYTES = 8 * 1024 * 1024
 
 
 class ConversationRenderer:
     """``encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)``,
-    message by message as Harmony does it, with system and developer messages rendered
-    before reused."""
+    message by message as Harmony does it, with messages rendered before reused."""
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
@@ -267,13 +266,10 @@ class ConversationRenderer:
 
     def _message(self, message: Message, has_function_tools: bool, reuse_scope: str) -> Sequence[int]:
         options = RenderOptions(conversation_has_function_tools=has_function_tools)
-        role = message.author.role
-        if role not in (Role.SYSTEM, Role.DEVELOPER):
-            return self._encoding.render(message, options)
         text = message.to_json()
         if len(text) > _REUSED_MAX_CHARS:
             return self._encoding.render(message, options)
-        key = ("" if role == Role.SYSTEM else reuse_scope, text, has_function_tools)
+        key = ("" if message.author.role == Role.SYSTEM else reuse_scope, text, has_function_tools)
         tokens = self._reused.get(key)
         if tokens is not None:
             self._reused.move_to_end(key)

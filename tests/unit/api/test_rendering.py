@@ -103,3 +103,24 @@ def test_a_request_the_dialect_refuses_is_refused_naming_the_field_from_a_proces
 
     refused = asyncio.run(scenario())
     assert refused.param == "tools[0].type"
+
+
+class TokenizerPanic(BaseException):
+    """What pyo3 raises when Rust code panics: a BaseException, not an Exception."""
+
+
+class PanickingDialect:
+    """A dialect whose tokenizer panics (openai-harmony's does on inputs of a megabyte or
+    more, after minutes of work; this one at once)."""
+
+    name = "harmony"
+
+    def render(self, *args, **kwargs):
+        raise TokenizerPanic("called `Result::unwrap()` on an `Err` value")
+
+
+def test_a_tokenizer_panic_is_a_render_failure_not_a_crash():
+    renderer = PromptRenderer(processes=1, timeout_s=5)
+    with pytest.raises(RenderFailed) as refused:
+        asyncio.run(renderer.render(PanickingDialect(), request("x"), 0, []))
+    assert "could not be tokenized" in str(refused.value) and "TokenizerPanic" in str(refused.value)

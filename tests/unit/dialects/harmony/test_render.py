@@ -133,26 +133,25 @@ def test_the_rendered_prompt_names_its_dialect_tools_and_stop_tokens():
     assert stops == {"<|return|>", "<|call|>"}
 
 
-def test_only_system_and_developer_messages_are_kept_for_reuse_and_each_tenants_apart():
-    """A tenant's text is not kept in memory after its request (nor a large developer
-    message): only the small messages most requests share are reused, a developer
-    message (a tenant's instructions and tools) only for its own tenant."""
+def test_rendered_messages_are_reused_only_within_their_tenant():
+    """A tenant's text (its instructions, its messages) serves only its own requests;
+    the system message, which holds none, serves everyone's; nothing large is kept."""
     from steno.services.dialects.harmony.render import ConversationRenderer
 
     renderer = ConversationRenderer(encoding())
-    secret = "my secret plan " * 10
     huge_instructions = "x" * 70_000
-    for request in (CreateResponseRequest(model="m", input=secret, instructions="Be brief."),
+    for request in (CreateResponseRequest(model="m", input="my secret plan", instructions="Be brief."),
                     CreateResponseRequest(model="m", input="hi", instructions=huge_instructions)):
-        conversation, _ = build_conversation(request, 0)
-        renderer.render(conversation, reuse_scope="tenant-a")
+        renderer.render(build_conversation(request, 0)[0], reuse_scope="tenant-a")
     kept = {(scope, text) for scope, text, _ in renderer._reused}
-    assert any(scope == "tenant-a" and "Be brief." in text for scope, text in kept)
-    assert any(scope == "" and '"system"' in text for scope, text in kept)  # the system message is no one's
-    assert not any("secret" in text or huge_instructions in text for _, text in kept)
-    conversation, _ = build_conversation(CreateResponseRequest(model="m", input="x", instructions="Be brief."), 0)
+    assert {scope for scope, text in kept if "Be brief." in text or "secret" in text} == {"tenant-a"}
+    assert {scope for scope, text in kept if '"system"' in text} == {""}
+    assert not any(huge_instructions in text for _, text in kept)
+    conversation, _ = build_conversation(CreateResponseRequest(model="m", input="my secret plan",
+                                                               instructions="Be brief."), 0)
     assert renderer.render(conversation, reuse_scope="tenant-b") == renderer.render(conversation, "tenant-a")
-    assert sum(scope == "tenant-b" for scope, _ in kept | {(s, t) for s, t, _ in renderer._reused}) == 1
+    scopes_of_the_secret = {scope for scope, text, _ in renderer._reused if "secret" in text}
+    assert scopes_of_the_secret == {"tenant-a", "tenant-b"}  # rendered again for b, not served from a's
 
 
 def test_what_is_kept_for_reuse_stays_within_its_byte_budget():
