@@ -1,38 +1,61 @@
-"""The request bodies Steno accepts (responses are the ``openai`` SDK's own types)."""
+"""The request bodies Steno accepts (responses are the ``openai`` SDK's own types).
+
+``CreateResponseRequest`` declares every field of the SDK's ``ResponseCreateParams``
+(a test holds the two together), plus ``stream`` and ``client_metadata``, which clients
+send; anything else is refused, as OpenAI refuses it. Fields Steno has no use for are
+accepted, kept with the request and, where the Response has them, echoed."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+MAX_INT64 = 2**63 - 1
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
-class ReasoningParams(BaseModel):
+class _Body(BaseModel):
+    """A part of a request: unknown fields are refused, and an explicit null is the
+    field's default (the SDK sends nulls for what it leaves unset)."""
+
     model_config = ConfigDict(extra="forbid")
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            return {key: value for key, value in data.items()
+                    if value is not None or key not in fields or fields[key].default is None}
+        return data
+
+
+class ReasoningParams(_Body):
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    # How much of earlier turns' reasoning the model sees, and the execution mode:
+    # accepted; the dialect decides what a model is shown.
+    context: str | None = None
+    mode: str | None = None
 
 
-class TextParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TextParams(_Body):
     format: dict[str, Any] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(_Body):
     include_obfuscation: bool | None = None
 
 
-class CreateResponseRequest(BaseModel):
-    """``POST /v1/responses``. Unknown fields are rejected, as OpenAI does."""
-
-    model_config = ConfigDict(extra="forbid")
+class CreateResponseRequest(_Body):
+    """``POST /v1/responses``."""
 
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]]
@@ -41,7 +64,8 @@ class CreateResponseRequest(BaseModel):
     background: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_INT64)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -50,15 +74,29 @@ class CreateResponseRequest(BaseModel):
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
-    truncation: Literal["auto", "disabled"] | None = None
+    truncation: Literal["auto", "disabled"] = "disabled"
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     include: list[str] | None = None
     stream_options: StreamOptions | None = None
     previous_response_id: str | None = None
     service_tier: str | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT64)
+    # Sent by clients (Codex) to every provider; kept with the request.
+    client_metadata: dict[str, Any] | None = None
+    # The SDK's, with no meaning here: accepted and kept with the request. ``conversation``
+    # and ``prompt`` (a stored prompt template) name state Steno does not hold; they are
+    # refused when set (see ``responses.py``).
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    access_programs: Any = None
+    background_options: Any = None
+    context_management: Any = None
+    image: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
 
     @field_validator("metadata")
     @classmethod
@@ -73,3 +111,24 @@ class CreateResponseRequest(BaseModel):
             if len(item) > MAX_METADATA_VALUE:
                 raise ValueError(f"values are at most {MAX_METADATA_VALUE} characters")
         return value
+
+
+class CountInputTokensRequest(_Body):
+    """``POST /v1/responses/input_tokens``: the fields of a request that make its prompt."""
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    reasoning: ReasoningParams | None = None
+    text: TextParams | None = None
+    truncation: Literal["auto", "disabled"] = "disabled"
+    conversation: str | dict[str, Any] | None = None
+    personality: str | None = None
+
+    def as_request(self) -> CreateResponseRequest:
+        """The request whose prompt this counts."""
+        return CreateResponseRequest.model_validate(self.model_dump(exclude={"personality"}))

@@ -84,6 +84,9 @@ class GenerationEnded(BaseModel):
     cached_tokens: int | None = None
     error_code: str | None = None
     error_message: str | None = None
+    # When it ended (unix seconds): the response's completed_at, recorded with the end so
+    # that a re-parse reaches the same snapshot.
+    completed_at: int | None = None
 
 
 class TokenBatch(BaseModel):
@@ -185,3 +188,5 @@ class WorkerRegistration(BaseModel):
     engine: str
     dialect: str
     context_tokens: int
+    # When the first worker of the model started (unix seconds): the model's "created".
+    created: int = 0

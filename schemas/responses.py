@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+# The format a response's events are written in, recorded with it so that a log is
+# re-parsed as it was written: 2 adds ``logprobs`` to every output_text part.
+LOG_FORMAT = 2
+LOG_FORMAT_PART_LOGPROBS = 2
+
 
 class ParseContext(BaseModel):
     """What the parser must know of the request to interpret the model's output."""
 
+    # The log format (LOG_FORMAT); contexts recorded before it was kept are format 1.
     v: int = 1
     include_logprobs: bool = False
     prompt_tokens: int = 0

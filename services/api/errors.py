@@ -30,7 +30,8 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _param_from_location(location: tuple[Any, ...]) -> str | None:

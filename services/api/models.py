@@ -34,14 +34,19 @@ class ModelDirectory:
             value = await registry.fetch(key)
         return _registration(model, value) if value is not None else None
 
+    def served(self) -> list[WorkerRegistration]:
+        """Every model a live worker serves."""
+        found = (_registration(None, value) for _, value in self._registry.items())
+        return sorted((r for r in found if r is not None), key=lambda registration: registration.model)
+
 
 # The same few registrations are read for every request.
 @lru_cache(maxsize=1024)
-def _registration(model: str, value: bytes) -> WorkerRegistration | None:
+def _registration(model: str | None, value: bytes) -> WorkerRegistration | None:
+    """The registration in ``value``, if it is for ``model`` (any, when None)."""
     try:
         registration = WorkerRegistration.model_validate_json(value)
     except ValidationError:
-        log.warning("the registration of model %s is not one this API reads: %r", model, value[:200])
+        log.warning("a model registration this API does not read: %r", value[:200])
         return None
-    # Two names can share a subject token ("a/b", "a_b"): only the named one is served.
-    return registration if registration.model == model else None
+    return registration if model is None or registration.model == model else None

@@ -52,39 +52,56 @@ def _structured_output(request: CreateResponseRequest) -> StructuredOutput | Non
 
 
 def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
-    """The Response object as created; every later snapshot starts from it."""
+    """The Response object as created, with every field of the SDK's Response (OpenAI's
+    defaults where the request says nothing); every later snapshot starts from it."""
+    reasoning = request.reasoning
+    text: dict[str, Any] = {"format": request.text.format if request.text and request.text.format else {"type": "text"}}
+    if request.text and request.text.verbosity:
+        text["verbosity"] = request.text.verbosity
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
         "status": status,
         "background": request.background,
+        "completed_at": None,
+        "conversation": None,
         "error": None,
         "incomplete_details": None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
         "metadata": request.metadata or {},
         "model": request.model,
         "output": [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "prompt": None,
         "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": {
-            "effort": request.reasoning.effort if request.reasoning else None,
-            "summary": request.reasoning.summary if request.reasoning else None,
+            "effort": reasoning.effort if reasoning else None,
+            "summary": reasoning.summary if reasoning else None,
         },
         "safety_identifier": request.safety_identifier,
+        "service_tier": request.service_tier if request.service_tier not in (None, "auto") else "default",
         "store": request.store,
         "temperature": request.temperature if request.temperature is not None else 1.0,
-        "text": {"format": (request.text.format if request.text and request.text.format else {"type": "text"})},
+        "text": text,
         "tool_choice": request.tool_choice,
         "tools": request.tools,
-        "top_logprobs": request.top_logprobs,
+        "top_logprobs": request.top_logprobs or 0,
         "top_p": request.top_p if request.top_p is not None else 1.0,
-        "truncation": request.truncation or "disabled",
+        "truncation": request.truncation,
         "usage": None,
         "user": request.user,
+        # The SDK's, for what Steno does not do (images, moderation, prompt caches).
+        **dict.fromkeys(_UNUSED_RESPONSE_FIELDS),
     }
+
+
+_UNUSED_RESPONSE_FIELDS = ("access_programs", "image", "input_transformations", "moderation",
+                           "prompt_cache_diagnostics", "prompt_cache_options", "tool_usage")
 
 
 def history_items(chain: list[StoredResponse], inputs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

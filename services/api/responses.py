@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from openai.types.responses import ResponseIncludable
 
-from steno.schemas.api import CreateResponseRequest
+from steno.schemas.api import CountInputTokensRequest, CreateResponseRequest
 from steno.schemas.bus import (
     CancelOrder,
     GenerationEnded,
@@ -64,6 +64,21 @@ def check_include(include: list[str] | None, param: str = "include") -> None:
         if value not in INCLUDABLE:
             raise ApiError(400, f"Unsupported include value {value!r}.", param=f"{param}[{index}]",
                            code="invalid_value")
+
+
+def _refuse_unheld_state(request: CreateResponseRequest) -> None:
+    """Fields that name state kept on OpenAI's side, which a server without it would
+    silently ignore: refused instead."""
+    if request.conversation is not None:
+        raise ApiError(400, "Conversations are not available on this server yet: carry the history with "
+                       "previous_response_id or in input.", param="conversation", code="unsupported_parameter")
+    if request.prompt is not None:
+        raise ApiError(400, "Stored prompt templates are not available on this server: send the prompt's "
+                       "text as instructions and input.", param="prompt", code="unsupported_parameter")
+
+
+def _model(registration: WorkerRegistration) -> dict[str, Any]:
+    return {"id": registration.model, "object": "model", "created": registration.created, "owned_by": "steno"}
 
 
 def _check_context(prompt: RenderedPrompt, registration: WorkerRegistration) -> None:
@@ -115,6 +130,7 @@ class ResponsesService:
         """Records and queues a response: its event stream (``stream``), the queued
         response (``background``), or the finished one."""
         check_request(request)
+        _refuse_unheld_state(request)
         if request.background and not request.store:
             raise ApiError(400, "Background responses must be stored (store=true).", param="store",
                            code="invalid_value")
@@ -143,7 +159,8 @@ class ResponsesService:
             log.exception("publishing %s failed", response_id)
             if live is not None:
                 await live.close()
-            events, failed = failure_events(len(plan.first_events), snapshot, UNPUBLISHED)
+            events, failed = failure_events(len(plan.first_events), snapshot, UNPUBLISHED,
+                                            completed_at=int(time.time()))
             await self._store.fail_unstarted(response_id, events, failed)
             raise ApiError(503, "The generation queue is unavailable; retry shortly.") from exc
         if live is not None:
@@ -155,6 +172,30 @@ class ResponsesService:
             raise ApiError(500, "The response ended without a terminal event.")
         return final
 
+    async def count_input_tokens(self, body: CountInputTokensRequest, tenant: str) -> dict[str, Any]:
+        """The tokens the request's prompt takes, rendered as a response would render it."""
+        request = body.as_request()
+        check_request(request)
+        _refuse_unheld_state(request)
+        history = await self._history(request, tenant)
+        _, dialect = await self._served(request.model)
+        try:
+            prompt = await self._renderer.render(dialect, request, int(time.time()), history, reuse_scope=tenant)
+        except RenderFailed as exc:
+            raise ApiError(400, str(exc), param=exc.param or "input", code="invalid_value") from exc
+        return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
+
+    def models(self) -> dict[str, Any]:
+        """The models live workers serve, as OpenAI lists models."""
+        return {"object": "list", "data": [_model(registration) for registration in self._models.served()]}
+
+    async def model(self, model: str) -> dict[str, Any]:
+        registration = await self._models.registration(model)
+        if registration is None:
+            raise ApiError(404, f"The model '{model}' does not exist or no worker serves it.", param="model",
+                           code="model_not_found")
+        return _model(registration)
+
     async def retrieve(self, response_id: str, tenant: str) -> dict[str, Any]:
         return await self._current_snapshot(await self._owned(response_id, tenant))
 
@@ -164,8 +205,9 @@ class ResponsesService:
         if starting_after is not None:
             if starting_after < 0:
                 raise ApiError(400, "starting_after must be a sequence number (0 or more).", param="starting_after")
+            # A running response's stream waits for events to come; a finished one has none to come.
             last = await self._store.last_seq(response_id)
-            if starting_after > last or (stored.finished and starting_after >= last):
+            if stored.finished and starting_after >= last:
                 raise ApiError(400, f"starting_after={starting_after} is beyond the end of the stream "
                                f"(last event {last}).", param="starting_after")
         after = -1 if starting_after is None else starting_after
@@ -296,7 +338,7 @@ class ResponsesService:
         at = await self._store.stream_position(response_id)
         ended = GenerationEnded(response_id=response_id, attempt=at.attempt, batch_count=at.next_batch_no,
                                 finish_reason="cancelled", prompt_tokens=at.prompt_tokens,
-                                output_tokens=at.output_tokens)
+                                output_tokens=at.output_tokens, completed_at=int(time.time()))
         await self._js.publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
                                headers={"Nats-Msg-Id": f"{response_id}:cancelled:{at.attempt}:{at.next_batch_no}"})
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steno.schemas.api import CreateResponseRequest
+from steno.schemas.api import CountInputTokensRequest, CreateResponseRequest
 from steno.services.api.errors import ApiError, validation_error_handler
 from steno.services.api.responses import EventStream, ResponsesService, check_include
 from steno.services.edge import EventStreamResponse
@@ -70,6 +70,21 @@ async def health() -> dict[str, str]:
 @router.post("/v1/responses")
 async def create_response(body: CreateResponseRequest, service: Service, tenant: Tenant) -> Response:
     return _answer(await service.create(body, tenant))
+
+
+@router.post("/v1/responses/input_tokens")
+async def count_input_tokens(body: CountInputTokensRequest, service: Service, tenant: Tenant) -> Response:
+    return _json(await service.count_input_tokens(body, tenant))
+
+
+@router.get("/v1/models")
+async def list_models(service: Service, tenant: Tenant) -> Response:
+    return _json(service.models())
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, service: Service, tenant: Tenant) -> Response:
+    return _json(await service.model(model_id))
 
 
 @router.get("/v1/responses/{response_id}")

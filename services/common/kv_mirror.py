@@ -61,6 +61,10 @@ class KvMirror:
         age = time.monotonic() - seen[0]
         return age if age < self._forget_after_s else None
 
+    def items(self) -> list[tuple[str, bytes]]:
+        """Every key in the bucket with its latest value."""
+        return [(key, seen[1]) for key, seen in list(self._seen.items()) if key in self]
+
     def get(self, key: str) -> bytes | None:
         """The latest value of ``key``, or None if it is not in the bucket."""
         seen = self._seen.get(key)

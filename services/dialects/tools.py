@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from steno.schemas.responses import ParseContext
+from steno.schemas.responses import LOG_FORMAT, ParseContext
 from steno.services.dialects.base import InvalidInput
 
 # The single string parameter a custom (freeform) tool is offered with.
@@ -58,6 +58,7 @@ class ToolCatalog:
     def parse_context(self, dialect: str, prompt_tokens: int) -> ParseContext:
         """What the parser must know of these tools to tell calls apart."""
         return ParseContext(
+            v=LOG_FORMAT,
             prompt_tokens=prompt_tokens,
             function_tools=sorted(self.functions),
             custom_tools=sorted(self.custom),

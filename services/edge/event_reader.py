@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from steno.schemas.events import LoggedEvent
+from steno.schemas.events import TERMINAL_EVENT_TYPES, LoggedEvent
 
 
 class EventReader:
@@ -18,3 +18,10 @@ class EventReader:
             after,
         )
         return [LoggedEvent(seq=r[0], type=r[1], payload=r[2]) for r in rows]
+
+    async def ended_by(self, response_id: str, cursor: int) -> bool:
+        """Whether the response's log ended at or before ``cursor``."""
+        ended: bool = await self._pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM response_events WHERE response_id = $1 AND seq <= $2"
+            " AND type = ANY($3::text[]))", response_id, cursor, list(TERMINAL_EVENT_TYPES))
+        return ended

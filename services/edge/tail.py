@@ -128,6 +128,8 @@ class ResponseTail:
                 run: list[LoggedEvent] = []
                 for event in batch:
                     if event.seq <= cursor:
+                        if event.is_terminal:
+                            return  # it ended before the cursor a client gave while it ran
                         continue
                     # A gap: what was missed is in Postgres, and so is everything after it.
                     candidates = await self._read_after(response_id, cursor) if event.seq > cursor + 1 else [event]
@@ -159,6 +161,8 @@ class ResponseTail:
                         keepalive_at = now + keepalive_s
                     if now >= poll_at:
                         batch = await self._read_after(response_id, cursor)
+                        if not batch and await self._reader.ended_by(response_id, cursor):
+                            return
                         connected = self._nc.is_connected
                         backing_off = connected and not batch
                         interval = min(interval * 2, MAX_POLL_INTERVAL_S) if backing_off else poll_interval_s

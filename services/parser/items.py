@@ -13,7 +13,7 @@ import orjson
 
 from steno.schemas.events import EventType
 from steno.schemas.ids import derived_id
-from steno.schemas.responses import ParseContext
+from steno.schemas.responses import LOG_FORMAT_PART_LOGPROBS, ParseContext
 from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG
 
 Emit = Callable[[EventType, dict[str, Any]], None]
@@ -101,9 +101,13 @@ class MessageItem(_TextPartItem):
     delta_type = "response.output_text.delta"
     done_type = "response.output_text.done"
 
-    def __init__(self, response_id: str, output_index: int, phase: str, with_logprobs: bool) -> None:
+    def __init__(self, response_id: str, output_index: int, phase: str, with_logprobs: bool,
+                 part_logprobs: bool) -> None:
+        """``part_logprobs``: the parts carry a ``logprobs`` list even when none were asked
+        for (as OpenAI's do); logs written before they did must re-parse without it."""
         super().__init__(response_id, output_index)
         self.with_logprobs = with_logprobs
+        self._part_logprobs = part_logprobs or with_logprobs
         self.logprobs: list[dict[str, Any]] = []
         self.item = {
             "id": self.id, "type": "message", "status": "in_progress", "role": "assistant", "phase": phase,
@@ -112,7 +116,7 @@ class MessageItem(_TextPartItem):
 
     def part(self, text: str) -> dict[str, Any]:
         part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
-        if self.with_logprobs:
+        if self._part_logprobs:
             part["logprobs"] = list(self.logprobs) if text else []
         return part
 
@@ -328,4 +332,5 @@ def classify(
     # Preambles (commentary without a recipient) are user-visible text, as is text on
     # a channel the model made up.
     phase = "commentary" if channel == "commentary" else "final_answer"
-    return MessageItem(response_id, output_index, phase, context.include_logprobs)
+    return MessageItem(response_id, output_index, phase, context.include_logprobs,
+                       context.v >= LOG_FORMAT_PART_LOGPROBS)

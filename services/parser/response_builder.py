@@ -114,21 +114,24 @@ class ResponseBuilder:
             "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, ended.output_tokens)},
             "total_tokens": ended.prompt_tokens + ended.output_tokens,
         }
+        ending: dict[str, Any] = {"usage": usage}
+        if "completed_at" in self._base:  # responses created before it was reported go without
+            ending["completed_at"] = ended.completed_at
         if ended.finish_reason == "error" or (self._malformed and ended.finish_reason == "stop"):
             message = ended.error_message or f"The model produced malformed output: {self._malformed}"
             events, snapshot = failure_events(self._next_seq, self._snapshot("failed"), message,
-                                              code=ended.error_code or "server_error", usage=usage)
+                                              code=ended.error_code or "server_error", **ending)
             for event in events:
                 self._append(event)
         else:
             terminal: TerminalEventType
             if ended.finish_reason == "length":
                 snapshot = self._snapshot("incomplete", incomplete_details={"reason": "max_output_tokens"},
-                                          usage=usage)
+                                          **ending)
                 terminal = "response.incomplete"
             else:
                 snapshot = self._snapshot("cancelled" if ended.finish_reason == "cancelled" else "completed",
-                                          usage=usage)
+                                          **ending)
                 terminal = "response.completed"
             self._append(lifecycle_event(self._next_seq, terminal, snapshot))
         self.final_snapshot = snapshot

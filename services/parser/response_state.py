@@ -6,6 +6,8 @@ redeliveries leave the log untouched."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +32,11 @@ class Applied:
 
 
 class ResponseState:
-    def __init__(self, response_id: str, base_snapshot: dict[str, Any], context: ParseContext) -> None:
+    def __init__(self, response_id: str, base_snapshot: dict[str, Any], context: ParseContext,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``clock`` dates the ends the parser records itself (a failure)."""
         self.response_id = response_id
+        self._clock = clock
         dialect = dialect_named(context.dialect)
         self._splitter = dialect.splitter(context)
         self._builder = ResponseBuilder(response_id, base_snapshot, context, dialect.token_text)
@@ -72,6 +77,7 @@ class ResponseState:
             output_tokens=order.output_tokens,
             error_code="server_error",
             error_message=message,
+            completed_at=int(self._clock()),
         )
 
     def _placed(self, message: TokenStreamMessage) -> Placement:

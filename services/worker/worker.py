@@ -76,7 +76,7 @@ class GenerationWorker:
         self._model = model
         self._engine = engine
         self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect,
-                                                context_tokens=engine.context_tokens)
+                                                context_tokens=engine.context_tokens, created=int(time.time()))
         self._concurrency = concurrency
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
                                     credits=concurrency)
@@ -204,7 +204,8 @@ class GenerationWorker:
             ended = GenerationEnded(response_id=work.response_id, attempt=attempt, batch_count=1,
                                     finish_reason="error", prompt_tokens=0, output_tokens=0,
                                     error_code="server_error",
-                                    error_message="The generation request expired before a worker could take it.")
+                                    error_message="The generation request expired before a worker could take it.",
+                                    completed_at=int(time.time()))
             batch = TokenBatch(response_id=work.response_id, attempt=attempt, batch_no=0, token_ids=[], ended=ended)
             await self._publish(self._names.tokens_subject(work.response_id), batch.model_dump_json().encode(),
                                 f"{work.response_id}:{attempt}:0")
@@ -283,6 +284,7 @@ class GenerationWorker:
             cached_tokens=last.cached_tokens if last else None,
             error_code="server_error" if error is not None else None,
             error_message=str(error) if error is not None else None,
+            completed_at=int(time.time()),
         )
         await publish_batch(tail, ended)
         # Unconfirmed: were the ack lost, the redelivered request finds its end published.

@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -83,6 +84,25 @@ def test_cursor_at_the_terminal_event_is_beyond_the_end(stack, client):
     reply = httpx.get(f"{stack.base_url}/responses/{done.id}", params={"stream": "true", "starting_after": last},
                       headers=stack.headers(), timeout=10)
     assert reply.status_code == 400
+
+
+def test_a_cursor_past_the_current_end_of_a_running_response_waits_for_the_events(client):
+    """The README's background example, as written: the stream is asked for right after
+    the job is created, from a cursor its log has not reached yet."""
+    job = client.responses.create(model=SLOW_MODEL, input="later " * 10, background=True)
+    events = list(client.responses.retrieve(job.id, stream=True, starting_after=3))
+    assert [e.sequence_number for e in events] == list(range(4, 4 + len(events)))
+    assert events[-1].type == "response.completed"
+
+
+def test_a_cursor_beyond_where_a_running_response_ends_ends_the_stream_when_it_does(stack, client):
+    job = client.responses.create(model=SLOW_MODEL, input="short", background=True)
+    started = time.monotonic()
+    reply = httpx.get(f"{stack.base_url}/responses/{job.id}", params={"stream": "true", "starting_after": 5000},
+                      headers=stack.headers(), timeout=60)
+    assert reply.status_code == 200 and "data:" not in reply.text
+    assert client.responses.retrieve(job.id).status == "completed"
+    assert time.monotonic() - started < 50
 
 
 def test_retrieve_while_in_progress_shows_partial_output(client):
@@ -327,3 +347,16 @@ def test_concurrent_streams_are_each_gapless(stack):
 
     texts = asyncio.run(many())
     assert texts == [f"Steno simulator reply: stream {i}" for i in range(20)]
+
+
+def test_the_readmes_sdk_example_runs_as_written(stack, capsys):
+    """README's "Using it" example, against this stack (its URL and key swapped in)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'base_url="http://127.0.0.1:8080/v1", api_key="unused"' in example
+    example = example.replace('base_url="http://127.0.0.1:8080/v1", api_key="unused"',
+                              f'base_url="{stack.base_url}", api_key="{stack.keys["a"]}"')
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "completed Steno simulator reply: hi" in printed
+    assert "response.completed" in printed

@@ -37,11 +37,15 @@ from steno.services.dialects.tools import (
     tool_catalog,
 )
 
-_EFFORTS = {
+# gpt-oss knows three efforts; every value the API allows maps onto one of them.
+EFFORTS = {
+    "none": ReasoningEffort.LOW,
     "minimal": ReasoningEffort.LOW,
     "low": ReasoningEffort.LOW,
     "medium": ReasoningEffort.MEDIUM,
     "high": ReasoningEffort.HIGH,
+    "xhigh": ReasoningEffort.HIGH,
+    "max": ReasoningEffort.HIGH,
 }
 _TEXT_PART_TYPES = {"input_text", "output_text", "text", "reasoning_text", "summary_text"}
 # A web_search_call action's type -> the browser command that makes it.
@@ -186,12 +190,14 @@ def build_conversation(
 ) -> tuple[Conversation, ToolCatalog]:
     """``history``: the items of earlier turns (previous_response_id), oldest first."""
     declared = tool_catalog(request.tools)
-    offered, choice_instruction = apply_tool_choice(declared, request.tool_choice)
+    # No tool calls allowed is no tools offered.
+    choice = "none" if request.max_tool_calls == 0 else request.tool_choice
+    offered, choice_instruction = apply_tool_choice(declared, choice)
     system = SystemContent.new().with_conversation_start_date(
         dt.datetime.fromtimestamp(created_at, dt.UTC).strftime("%Y-%m-%d")
     )
     effort = request.reasoning.effort if request.reasoning else None
-    system = system.with_reasoning_effort(_EFFORTS[effort or "medium"])
+    system = system.with_reasoning_effort(EFFORTS[effort or "medium"])
     if offered.browser:
         system = system.with_browser_tool()
     if offered.python:

@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 from steno.schemas.api import CreateResponseRequest
 from steno.services.api.errors import ApiError
@@ -47,10 +48,15 @@ def test_nesting_beyond_the_limit_is_refused_and_within_it_passes():
     assert error.param.startswith("text.format.schema.properties.x")
 
 
-@pytest.mark.parametrize("body", [{"max_output_tokens": 2**64}, {"seed": -(2**63) - 1},
-                                  {"tools": [{"type": "function", "name": "f", "parameters": {"maximum": 2**70}}]}])
-def test_integers_beyond_64_bits_are_refused(body):
-    assert "64 bits" in str(refused(input="x", **body))
+def test_integers_beyond_64_bits_are_refused_in_free_form_fields():
+    tools = [{"type": "function", "name": "f", "parameters": {"maximum": 2**70}}]
+    assert "64 bits" in str(refused(input="x", tools=tools))
+
+
+@pytest.mark.parametrize("body", [{"max_output_tokens": 2**64}, {"seed": -(2**63) - 1}, {"max_tool_calls": 2**63}])
+def test_declared_integers_are_bounded_by_the_schema(body):
+    with pytest.raises(ValidationError):
+        CreateResponseRequest(model="m", input="x", **body)
 
 
 def test_ids_must_look_like_ids():

@@ -72,6 +72,15 @@ CASES: dict[str, dict[str, Any]] = {
     "keepalive": {"messages": [("final", "after a pause")], "keepalive_after": 1},
     "taken_over": {"messages": [("analysis", "Two workers."), ("final", "One answer.")], "takeover_after": 2},
     "diverged": {"messages": [("final", "Never finished.")], "takeover_after": 1, "resumed_after": 5},
+    # Log format 2: every output_text part carries logprobs; a Response created with
+    # completed_at reports it at its end.
+    "format_2_answer": {"messages": [("analysis", "hm"), ("final", "Plain.")], "context": {"v": 2},
+                        "base": {"completed_at": None}},
+    "format_2_logprobs": {"messages": [("final", "Yes.")], "logprobs": True,
+                          "context": {"v": 2, "include_logprobs": True}, "base": {"completed_at": None}},
+    "format_2_failure": {"messages": [("final", "partial")], "cut": 5, "finish": "error",
+                         "error": "vLLM failed the request: ValueError: bad", "context": {"v": 2},
+                         "base": {"completed_at": None}},
 }
 SPLITS = {"whole": [10_000], "single": [1] * 400, "random": random_sizes(7, 400)}
 
@@ -100,12 +109,13 @@ def _messages(case: dict[str, Any], sizes: list[int]) -> list[TokenStreamMessage
                                    finish_reason=case.get("finish", "stop"), prompt_tokens=10,
                                    output_tokens=len(tokens), cached_tokens=3,
                                    error_code="server_error" if "error" in case else None,
-                                   error_message=case.get("error"))]
+                                   error_message=case.get("error"), completed_at=1_700_000_123)]
 
 
 def _parse(case: dict[str, Any], messages: list[TokenStreamMessage]) -> tuple[list[str], list[TokenStreamMessage]]:
     """The events' payloads, and what the parser records of the token stream."""
-    state = ResponseState(RID, BASE, ParseContext(prompt_tokens=10, **case.get("context", {})))
+    base = {**BASE, **case.get("base", {})}
+    state = ResponseState(RID, base, ParseContext(prompt_tokens=10, **case.get("context", {})), clock=lambda: 0)
     payloads: list[str] = []
     recorded: list[TokenStreamMessage] = []
     for message in messages:

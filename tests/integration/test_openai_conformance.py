@@ -1,0 +1,77 @@
+"""What clients of OpenAI's Responses API expect of the objects and routes, through the
+SDK against the real stack."""
+
+import time
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response
+
+from tests.conftest import SLOW_MODEL
+
+pytestmark = pytest.mark.integration
+
+MODEL = "steno-simulator"
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_a_finished_response_carries_every_field_with_openais_defaults(client):
+    before = int(time.time())
+    done = client.responses.create(model=MODEL, input="fields", service_tier="auto",
+                                   reasoning={"effort": "xhigh", "summary": "auto"})
+    assert set(Response.model_fields) <= set(done.model_dump())
+    assert done.completed_at is not None and before <= done.completed_at <= time.time() + 1
+    assert (done.service_tier, done.top_logprobs, done.max_tool_calls) == ("default", 0, None)
+    text_part = done.output[-1].content[0]
+    assert text_part.logprobs == []  # a list even when none were asked for, as OpenAI sends
+    assert client.responses.retrieve(done.id).completed_at == done.completed_at
+
+
+def test_nulls_client_metadata_and_every_reasoning_effort_are_accepted(stack):
+    body = {"model": MODEL, "input": "codex says hi", "store": None, "background": None, "truncation": None,
+            "client_metadata": {"x-codex": "1"}, "reasoning": {"effort": "none", "context": "current_turn"},
+            "prompt_cache_key": "thread-1", "safety_identifier": "user-1", "text": {"verbosity": "low"}}
+    reply = httpx.post(f"{stack.base_url}/responses", json=body, headers=stack.headers(), timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "completed"
+    assert reply.json()["prompt_cache_key"] == "thread-1" and reply.json()["safety_identifier"] == "user-1"
+
+
+@pytest.mark.parametrize(("field", "value"), [("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"})])
+def test_state_this_server_does_not_hold_is_refused_not_ignored(client, field, value):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input="x", extra_body={field: value})
+    assert refused.value.param == field and refused.value.code == "unsupported_parameter"
+
+
+def test_no_tool_calls_allowed_means_no_tool_is_offered(client):
+    done = client.responses.create(model=MODEL, input="Paris", tools=[WEATHER], max_tool_calls=0)
+    assert [item.type for item in done.output] == ["reasoning", "message"]
+    called = client.responses.create(model=MODEL, input="Paris", tools=[WEATHER])
+    assert called.output[-1].type == "function_call"
+
+
+def test_models_are_listed_from_the_live_workers(client):
+    listed = {model.id: model for model in client.models.list()}
+    assert {MODEL, SLOW_MODEL} <= set(listed)
+    assert listed[MODEL].object == "model" and listed[MODEL].created > 0
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
+
+
+def test_input_tokens_are_what_the_response_then_reports(client):
+    counted = client.responses.input_tokens.count(model=MODEL, input="count me", instructions="Be brief.",
+                                                  tools=[WEATHER])
+    assert counted.object == "response.input_tokens" and counted.input_tokens > 0
+    done = client.responses.create(model=MODEL, input="count me", instructions="Be brief.", tools=[WEATHER])
+    assert done.usage.input_tokens == counted.input_tokens
+
+
+def test_a_wrong_method_is_a_405_in_openais_shape(stack):
+    reply = httpx.put(f"{stack.base_url}/responses", headers=stack.headers(), timeout=10)
+    assert reply.status_code == 405
+    assert reply.json()["error"]["type"] == "invalid_request_error"
