@@ -23,6 +23,8 @@ class ParseContext(BaseModel):
     # Qualified names of custom (freeform) tools among them.
     custom_tools: list[str] = []
     namespaces: list[str] = []
+    # Whether a client-executed tool search was offered (as the function "tool_search").
+    tool_search: bool = False
     # The model's format (``services/dialects``); contexts recorded before there was a
     # choice are Harmony's.
     dialect: str = "harmony"

@@ -90,8 +90,6 @@ class PromptFacts:
     # Qualified function name -> its required parameters and their JSON types
     # ("string", "number", "boolean", or "other").
     functions: dict[str, dict[str, str]] = field(default_factory=dict)
-    browser: bool = False
-    python: bool = False
     # The text of the tool result the prompt ends with, if it ends with one.
     tool_result: str | None = None
 

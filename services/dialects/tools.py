@@ -1,13 +1,18 @@
 """The tools a request offers, as every dialect offers them to the model (pure).
 
 Function and custom tools are offered under qualified names: a top-level tool by its
-name, a namespaced one as ``namespace.name``. A custom (freeform) tool is offered as a
-function of one string parameter, ``input``; the parser unwraps it. ``tool_choice``
-narrows what is offered and may add an instruction."""
+name, a namespaced one as ``namespace.name`` (a namespace named ``functions`` holds
+top-level tools). A custom (freeform) tool is offered as a function of one string
+parameter, ``input``; the parser unwraps it. A client-executed ``tool_search`` is
+offered as a function too. Built-in tools that run on the server (web search, code
+interpreter, file search, ...) are accepted but not offered: this server does not run
+them, and a call that nobody runs must not end a response. ``tool_choice`` narrows what
+is offered and may add an instruction."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +22,22 @@ from steno.services.dialects.base import InvalidInput
 # The single string parameter a custom (freeform) tool is offered with.
 CUSTOM_TOOL_INPUT_ARG = "input"
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-WEB_SEARCH_TOOLS = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26",
-                              "web_search_preview_2025_03_11"})
+# The function a client-executed tool search is offered as.
+TOOL_SEARCH = "tool_search"
+TOOL_SEARCH_PARAMETERS = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "description": "What the tools you need should do."}},
+    "required": ["query"],
+}
+TOOL_SEARCH_DESCRIPTION = "Searches for tools to load for this task; the tools it finds become available to call."
+# The namespace whose tools are the top-level ones (a name Harmony gives them too).
+TOP_LEVEL_NAMESPACE = "functions"
+# Tools of the SDK that run on the server: accepted, not offered (see the docstring).
+SERVER_TOOLS = frozenset({
+    "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "code_interpreter",
+    "file_search", "image_generation", "mcp", "computer", "computer_use_preview", "local_shell", "shell",
+    "apply_patch", "programmatic_tool_calling",
+})
 
 
 @dataclass(frozen=True)
@@ -35,20 +54,15 @@ class ToolCatalog:
     functions: dict[str, FunctionTool] = field(default_factory=dict)  # qualified name -> tool
     custom: set[str] = field(default_factory=set)
     namespaces: set[str] = field(default_factory=set)
-    browser: bool = False
-    python: bool = False
+    tool_search: bool = False
     # Bare name -> the qualified names of the namespaced tools that have it.
     namespaced_by_bare: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def any_offered(self) -> bool:
-        return bool(self.functions or self.browser or self.python)
 
     def qualified(self, name: str, namespace: str | None) -> str:
         """The qualified name a client means by ``name`` (in ``namespace``, if given). A
         top-level tool wins its bare name; a bare name that only one namespaced tool has
         means that tool; an ambiguous one is kept as received."""
-        if namespace:
+        if namespace and namespace != TOP_LEVEL_NAMESPACE:
             return f"{namespace}.{name}"
         if name in self.functions:
             return name
@@ -63,6 +77,7 @@ class ToolCatalog:
             function_tools=sorted(self.functions),
             custom_tools=sorted(self.custom),
             namespaces=sorted(self.namespaces),
+            tool_search=self.tool_search,
             dialect=dialect,
         )
 
@@ -74,6 +89,19 @@ class ToolCatalog:
         self.functions[qualified_name] = source.functions[qualified_name]
         if qualified_name in source.custom:
             self.custom.add(qualified_name)
+        if qualified_name == TOOL_SEARCH:
+            self.tool_search = source.tool_search
+
+    def declare(self, tool: FunctionTool, param: str, custom: bool = False) -> None:
+        """Adds a tool; one declared again must be declared the same."""
+        known = self.functions.get(tool.qualified_name)
+        if known is not None:
+            if known != tool or custom != (tool.qualified_name in self.custom):
+                raise InvalidInput(f"tool {tool.qualified_name!r} is declared twice, differently", f"{param}.name")
+            return
+        self.functions[tool.qualified_name] = tool
+        if custom:
+            self.custom.add(tool.qualified_name)
 
 
 def _custom_parameters(tool: dict[str, Any], param: str) -> dict[str, Any]:
@@ -90,35 +118,47 @@ def _custom_parameters(tool: dict[str, Any], param: str) -> dict[str, Any]:
     }
 
 
+def _description(tool: dict[str, Any], param: str) -> str:
+    description = tool.get("description") or ""
+    if not isinstance(description, str):
+        raise InvalidInput("a tool's description must be a string", f"{param}.description")
+    return description
+
+
 def _add_callable(catalog: ToolCatalog, tool: dict[str, Any], param: str, namespace: str | None) -> None:
     kind = tool.get("type")
     name = tool.get("name")
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         raise InvalidInput("a tool name must be 1-64 letters, digits, '_' or '-'", f"{param}.name")
     qualified = f"{namespace}.{name}" if namespace else name
-    if qualified in catalog.functions:
-        raise InvalidInput(f"tool {qualified!r} is declared twice", f"{param}.name")
-    description = tool.get("description") or ""
-    if not isinstance(description, str):
-        raise InvalidInput("a tool's description must be a string", f"{param}.description")
+    description = _description(tool, param)
     if kind == "function":
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidInput("function parameters must be a JSON schema object", f"{param}.parameters")
-        catalog.functions[qualified] = FunctionTool(qualified, description, parameters)
+        catalog.declare(FunctionTool(qualified, description, parameters), param)
     elif kind == "custom":
-        catalog.functions[qualified] = FunctionTool(qualified, description, _custom_parameters(tool, param))
-        catalog.custom.add(qualified)
+        catalog.declare(FunctionTool(qualified, description, _custom_parameters(tool, param)), param, custom=True)
     else:
         raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
-    if namespace:
-        catalog.namespaced_by_bare.setdefault(name, []).append(qualified)
+    if namespace and qualified not in catalog.namespaced_by_bare.setdefault(name, []):
+        catalog.namespaced_by_bare[name].append(qualified)
 
 
-def tool_catalog(tools: list[dict[str, Any]]) -> ToolCatalog:
+def _add_tool_search(catalog: ToolCatalog, tool: dict[str, Any], param: str) -> None:
+    parameters = tool.get("parameters") or TOOL_SEARCH_PARAMETERS
+    if not isinstance(parameters, dict):
+        raise InvalidInput("tool_search parameters must be a JSON schema object", f"{param}.parameters")
+    catalog.declare(FunctionTool(TOOL_SEARCH, _description(tool, param) or TOOL_SEARCH_DESCRIPTION, parameters), param)
+    catalog.tool_search = True
+
+
+def tool_catalog(tools: Iterable[tuple[str, dict[str, Any]]]) -> ToolCatalog:
+    """The catalog of ``tools``: (param naming where each was declared, tool)."""
     catalog = ToolCatalog()
-    for index, tool in enumerate(tools):
-        param = f"tools[{index}]"
+    for param, tool in tools:
+        if not isinstance(tool, dict):
+            raise InvalidInput("a tool must be an object", param)
         kind = tool.get("type")
         if kind in ("function", "custom"):
             _add_callable(catalog, tool, param, None)
@@ -129,16 +169,16 @@ def tool_catalog(tools: list[dict[str, Any]]) -> ToolCatalog:
             inner = tool.get("tools")
             if not isinstance(inner, list) or not inner:
                 raise InvalidInput("a namespace needs a non-empty list of tools", f"{param}.tools")
-            catalog.namespaces.add(namespace)
+            top_level = namespace == TOP_LEVEL_NAMESPACE
+            if not top_level:
+                catalog.namespaces.add(namespace)
             for inner_index, inner_tool in enumerate(inner):
                 if not isinstance(inner_tool, dict):
                     raise InvalidInput("a tool must be an object", f"{param}.tools[{inner_index}]")
-                _add_callable(catalog, inner_tool, f"{param}.tools[{inner_index}]", namespace)
-        elif kind in WEB_SEARCH_TOOLS:
-            catalog.browser = True
-        elif kind == "code_interpreter":
-            catalog.python = True
-        else:
+                _add_callable(catalog, inner_tool, f"{param}.tools[{inner_index}]", None if top_level else namespace)
+        elif kind == "tool_search" and tool.get("execution", "server") == "client":
+            _add_tool_search(catalog, tool, param)
+        elif kind not in SERVER_TOOLS and kind != "tool_search":
             raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
     return catalog
 
@@ -160,8 +200,9 @@ def apply_tool_choice(catalog: ToolCatalog, choice: str | dict[str, Any]) -> tup
     if choice == "none":
         return ToolCatalog(), None
     if choice == "required":
-        if not catalog.any_offered:
-            raise InvalidInput("tool_choice 'required' needs at least one tool", "tool_choice")
+        if not catalog.functions:
+            raise InvalidInput("tool_choice 'required' needs at least one tool this server can offer "
+                               "(built-in tools are not run here)", "tool_choice")
         return catalog, "You must call one of the available tools before you answer."
     if not isinstance(choice, dict):
         raise InvalidInput(f"unsupported tool_choice {choice!r}", "tool_choice")
@@ -177,18 +218,18 @@ def apply_tool_choice(catalog: ToolCatalog, choice: str | dict[str, Any]) -> tup
         if not isinstance(listed, list):
             raise InvalidInput("allowed_tools needs a list of tools", "tool_choice.tools")
         for index, tool in enumerate(listed):
-            tool_kind = tool.get("type") if isinstance(tool, dict) else None
-            if tool_kind in WEB_SEARCH_TOOLS:
-                allowed.browser = catalog.browser
-            elif tool_kind == "code_interpreter":
-                allowed.python = catalog.python
-            elif isinstance(tool, dict):
-                allowed.offer(_named(catalog, tool, f"tool_choice.tools[{index}]"), catalog)
-            else:
+            if not isinstance(tool, dict):
                 raise InvalidInput("an allowed tool must be an object", f"tool_choice.tools[{index}]")
+            if tool.get("type") == "tool_search" and catalog.tool_search:
+                allowed.offer(TOOL_SEARCH, catalog)
+            elif tool.get("type") not in SERVER_TOOLS:  # built-ins are not offered anyway
+                allowed.offer(_named(catalog, tool, f"tool_choice.tools[{index}]"), catalog)
         return apply_tool_choice(allowed, "required" if choice.get("mode") == "required" else "auto")
-    if kind in WEB_SEARCH_TOOLS and catalog.browser:
-        return catalog, "You must use the browser tool before you answer."
-    if kind == "code_interpreter" and catalog.python:
-        return catalog, "You must use the python tool before you answer."
+    if kind == "tool_search" and catalog.tool_search:
+        only = catalog.narrowed()
+        only.offer(TOOL_SEARCH, catalog)
+        return only, f"You must call the tool `{TOOL_SEARCH}`."
+    if kind in SERVER_TOOLS:
+        raise InvalidInput(f"tool_choice asks for the built-in tool {kind!r}, which this server does not run",
+                           "tool_choice.type")
     raise InvalidInput(f"unsupported tool_choice type {kind!r}", "tool_choice.type")

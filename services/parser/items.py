@@ -14,7 +14,7 @@ import orjson
 from steno.schemas.events import EventType
 from steno.schemas.ids import derived_id
 from steno.schemas.responses import LOG_FORMAT_PART_LOGPROBS, ParseContext
-from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG
+from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG, TOOL_SEARCH
 
 Emit = Callable[[EventType, dict[str, Any]], None]
 
@@ -311,6 +311,31 @@ class WebSearchCallItem(OutputItem):
 WEB_SEARCH_COMMANDS = frozenset({"search", "open", "find"})
 
 
+class ToolSearchCallItem(OutputItem):
+    """A call of a client-executed tool search, reported whole when its arguments are
+    complete (the SDK streams no part of one)."""
+
+    prefix = "ts"
+
+    def __init__(self, response_id: str, output_index: int) -> None:
+        super().__init__(response_id, output_index)
+        self.call_id = derived_id("call", response_id, output_index)
+
+    def open(self, emit: Emit) -> None:
+        pass
+
+    def close(self, emit: Emit, status: str) -> None:
+        try:
+            arguments = orjson.loads(self.full_text)
+        except orjson.JSONDecodeError:
+            arguments = self.full_text  # reported as the model wrote them
+        self.item = {"id": self.id, "type": "tool_search_call", "call_id": self.call_id, "arguments": arguments,
+                     "execution": "client", "status": "in_progress"}
+        super().open(emit)
+        self.item["status"] = status
+        super().close(emit, status)
+
+
 def classify(
     response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext
 ) -> OutputItem:
@@ -318,6 +343,8 @@ def classify(
     if recipient:
         name = recipient.removeprefix("functions.")
         if recipient.startswith("functions.") or name in context.function_tools:
+            if name == TOOL_SEARCH and context.tool_search:
+                return ToolSearchCallItem(response_id, output_index)
             if name in context.custom_tools:
                 return CustomToolCallItem(response_id, output_index, name, context)
             return FunctionCallItem(response_id, output_index, name, context)

@@ -5,7 +5,6 @@ It reads the prompt it is given (through the dialect) and answers deterministica
 - after a tool result, a final answer that quotes the result;
 - when the prompt offers function tools, a call to one of them (chosen from the user's
   text) with arguments filled in from the tool's declared parameters;
-- when it offers the browser or python tool, a call to that;
 - otherwise a reasoning message and a final answer echoing the user.
 It streams at a configurable first-token delay and token rate. Its text says it is a
 simulation; it is for running the pipeline where there is no GPU, and for load."""
@@ -55,12 +54,6 @@ def completion_messages(facts: PromptFacts) -> list[CompletionMessage]:
                      for param, kind in facts.functions[name].items()}
         return [CompletionMessage("analysis", reasoning + f" I will call {name}."),
                 CompletionMessage("commentary", orjson.dumps(arguments).decode(), f"functions.{name}", "json")]
-    if facts.browser:
-        return [CompletionMessage("analysis", reasoning + " I will search."),
-                CompletionMessage("analysis", orjson.dumps({"query": quoted}).decode(), "browser.search")]
-    if facts.python:
-        return [CompletionMessage("analysis", reasoning + " I will run code."),
-                CompletionMessage("analysis", f"print({quoted!r})", "python")]
     return [
         CompletionMessage("analysis", reasoning + " I will echo them back."),
         CompletionMessage("final", f"Steno simulator reply: {quoted}"),

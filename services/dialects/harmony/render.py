@@ -1,9 +1,10 @@
 """Renders a Responses request into the Harmony prompt for gpt-oss (pure).
 
-System message: reasoning effort, conversation start date, built-in tools (browser
-for web search, python for code interpreter). Developer message: ``instructions``
-(plus any ``system``/``developer`` role input, plus what ``tool_choice`` asks) and the
-function tools (see ``services/dialects/tools.py``). Then the input items, in order."""
+System message: reasoning effort and conversation start date (no built-in tools: this
+server does not run them). Developer message: ``instructions`` (plus any
+``system``/``developer`` role input, plus what ``tool_choice`` asks) and the function
+tools (see ``services/dialects/tools.py``), those that input items add included. Then
+the input items, in order."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from steno.services.dialects.base import InvalidInput
 from steno.services.dialects.tools import (
     CUSTOM_TOOL_INPUT_ARG,
     TOOL_NAME,
+    TOOL_SEARCH,
     ToolCatalog,
     apply_tool_choice,
     tool_catalog,
@@ -121,13 +123,14 @@ def _name(item: dict[str, Any], key: str, param: str, required: bool = True) -> 
 
 
 def _input_messages(
-    items: list[dict[str, Any]], instructions: list[str], catalog: ToolCatalog, call_authors: dict[str, str]
+    items: Sequence[dict[str, Any]], instructions: list[str], catalog: ToolCatalog, call_authors: dict[str, str],
+    where: str = "input",
 ) -> list[Message]:
     """``call_authors`` maps call ids seen so far (in earlier turns too) to the tool
     that answers them."""
     messages: list[Message] = []
     for index, item in enumerate(items):
-        param = f"input[{index}]"
+        param = f"{where}[{index}]"
         if not isinstance(item, dict):
             raise InvalidInput("an input item must be an object", param)
         kind = item.get("type", "message")
@@ -180,16 +183,55 @@ def _input_messages(
             messages.append(_call(recipient, _optional_str(item, "arguments", param)))
             if item.get("output") is not None:
                 messages.append(_tool_result(recipient, _output_text(item["output"], f"{param}.output")))
+        elif kind == "tool_search_call":
+            call_id = _optional_str(item, "call_id", param) or _UNNAMED_SEARCH
+            call_authors[call_id] = f"functions.{TOOL_SEARCH}"
+            messages.append(_call(f"functions.{TOOL_SEARCH}", orjson.dumps(item.get("arguments") or {}).decode()))
+        elif kind == "tool_search_output":
+            answered = _optional_str(item, "call_id", param) or _UNNAMED_SEARCH
+            if answered not in call_authors:
+                raise InvalidInput(f"no tool_search call with call_id {answered!r} precedes this output",
+                                   f"{param}.call_id")
+            loaded = [{"name": tool.get("name"), "description": tool.get("description")}
+                      for tool in _tools_of(item, param)]
+            messages.append(_tool_result(call_authors[answered], orjson.dumps(loaded).decode()))
+        elif kind == "additional_tools":
+            _tools_of(item, param)  # declared with the rest (see declared_tools)
         else:
             raise InvalidInput(f"unsupported input item type {kind!r}", f"{param}.type")
     return messages
+
+
+# The call id of a tool search a client sent without one (the SDK makes it optional).
+_UNNAMED_SEARCH = ""
+
+
+def _tools_of(item: dict[str, Any], param: str) -> list[dict[str, Any]]:
+    tools = item.get("tools")
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise InvalidInput(f"{item.get('type')} items need a list of tools", f"{param}.tools")
+    return tools
+
+
+def declared_tools(request: CreateResponseRequest, history: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Every tool the conversation declares, with where: the request's, then those that
+    input items added (``additional_tools``, a tool search's loaded tools), earlier
+    turns' included."""
+    declared: list[tuple[str, Any]] = [(f"tools[{index}]", tool) for index, tool in enumerate(request.tools)]
+    items = [("history", list(history)), ("input", request.input if isinstance(request.input, list) else [])]
+    for where, listed in items:
+        for index, item in enumerate(listed):
+            if isinstance(item, dict) and item.get("type") in ("additional_tools", "tool_search_output"):
+                declared += [(f"{where}[{index}].tools[{inner}]", tool)
+                             for inner, tool in enumerate(_tools_of(item, f"{where}[{index}]"))]
+    return declared
 
 
 def build_conversation(
     request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = ()
 ) -> tuple[Conversation, ToolCatalog]:
     """``history``: the items of earlier turns (previous_response_id), oldest first."""
-    declared = tool_catalog(request.tools)
+    declared = tool_catalog(declared_tools(request, history))
     # No tool calls allowed is no tools offered.
     choice = "none" if request.max_tool_calls == 0 else request.tool_choice
     offered, choice_instruction = apply_tool_choice(declared, choice)
@@ -198,14 +240,10 @@ def build_conversation(
     )
     effort = request.reasoning.effort if request.reasoning else None
     system = system.with_reasoning_effort(EFFORTS[effort or "medium"])
-    if offered.browser:
-        system = system.with_browser_tool()
-    if offered.python:
-        system = system.with_python_tool()
     instructions = [request.instructions] if request.instructions else []
     call_authors: dict[str, str] = {}
     # Instructions are not inherited from earlier turns.
-    messages = _input_messages(list(history), [], declared, call_authors)
+    messages = _input_messages(history, [], declared, call_authors, where="history")
     if isinstance(request.input, str):
         messages.append(Message.from_role_and_content(Role.USER, request.input))
     else:

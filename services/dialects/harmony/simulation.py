@@ -40,11 +40,7 @@ def read_prompt(encoding: HarmonyEncoding, prompt_token_ids: Sequence[int]) -> P
     messages = _messages(encoding.decode(list(prompt_token_ids)))[:-1]
     user_text = next((body for header, body in reversed(messages) if header == "user"), "")
     functions: dict[str, dict[str, str]] = {}
-    browser = python = False
     for header, body in messages:
-        if header == "system":
-            browser = "namespace browser {" in body
-            python = "## python" in body
         if header == "developer" and "namespace functions {" in body:
             for name, params in _TOOL_DECLARATION.findall(body):
                 functions[name] = {
@@ -53,7 +49,7 @@ def read_prompt(encoding: HarmonyEncoding, prompt_token_ids: Sequence[int]) -> P
                 }
     last_header = messages[-1][0] if messages else ""
     tool_result = messages[-1][1] if " to=assistant" in last_header else None
-    return PromptFacts(user_text, functions, browser, python, tool_result)
+    return PromptFacts(user_text, functions, tool_result)
 
 
 def write_completion(encoding: HarmonyEncoding, messages: Sequence[CompletionMessage]) -> list[int]:

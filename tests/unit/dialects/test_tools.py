@@ -1,7 +1,12 @@
 import pytest
 
 from steno.services.dialects import InvalidInput
-from steno.services.dialects.tools import apply_tool_choice, tool_catalog
+from steno.services.dialects.tools import apply_tool_choice
+from steno.services.dialects.tools import tool_catalog as catalog_of
+
+
+def tool_catalog(tools):
+    return catalog_of((f"tools[{index}]", tool) for index, tool in enumerate(tools))
 
 SEARCH = {"type": "function", "name": "search", "description": "Search the web"}
 CRM = {"type": "namespace", "name": "crm", "description": "The CRM",
@@ -56,3 +61,39 @@ def test_an_allowed_tool_that_is_not_an_object_is_a_clear_error():
     with pytest.raises(InvalidInput) as refused:
         apply_tool_choice(tool_catalog([SEARCH]), {"type": "allowed_tools", "tools": ["search"]})
     assert refused.value.param == "tool_choice.tools[0]"
+
+
+def test_built_in_tools_are_accepted_but_not_offered():
+    built_ins = [{"type": kind} for kind in ("web_search", "web_search_preview", "code_interpreter", "file_search",
+                                             "image_generation", "mcp", "computer_use_preview", "local_shell")]
+    catalog = tool_catalog([*built_ins, SEARCH])
+    assert list(catalog.functions) == ["search"]
+    with pytest.raises(InvalidInput) as refused:
+        apply_tool_choice(catalog, {"type": "web_search"})
+    assert refused.value.param == "tool_choice.type"
+    with pytest.raises(InvalidInput):
+        apply_tool_choice(tool_catalog(built_ins), "required")
+    allowed = [{"type": "web_search"}, {"type": "function", "name": "search"}]
+    offered, _ = apply_tool_choice(catalog, {"type": "allowed_tools", "tools": allowed})
+    assert list(offered.functions) == ["search"]
+
+
+def test_a_client_tool_search_is_offered_as_a_function_and_a_server_one_is_not():
+    client = tool_catalog([{"type": "tool_search", "execution": "client", "description": "Find tools."}])
+    assert list(client.functions) == ["tool_search"] and client.tool_search
+    assert client.functions["tool_search"].description == "Find tools."
+    assert client.parse_context("harmony", 1).tool_search
+    assert tool_catalog([{"type": "tool_search", "execution": "server"}]).functions == {}
+
+
+def test_a_namespace_named_functions_holds_top_level_tools():
+    catalog = tool_catalog([{"type": "namespace", "name": "functions", "tools": [SEARCH]}])
+    assert list(catalog.functions) == ["search"] and catalog.namespaces == set()
+    assert catalog.qualified("search", "functions") == "search"
+
+
+def test_a_tool_declared_again_the_same_is_one_tool_and_declared_differently_is_refused():
+    assert list(tool_catalog([SEARCH, dict(SEARCH)]).functions) == ["search"]
+    with pytest.raises(InvalidInput) as refused:
+        tool_catalog([SEARCH, {**SEARCH, "description": "Something else"}])
+    assert refused.value.param == "tools[1].name"

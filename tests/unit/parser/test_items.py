@@ -178,3 +178,25 @@ def test_constrained_final_answer_is_a_message_not_a_call():
         item = state.final_snapshot["output"][0]
         assert item["type"] == "message", header
         assert item["content"][0]["text"] == '{"a": 1}'
+
+
+def test_a_client_tool_search_call_is_reported_as_a_tool_search_call():
+    context = ParseContext(function_tools=["tool_search"], tool_search=True)
+    snapshot, types = parse(
+        [assistant("commentary", '{"query": "weather"}', recipient="functions.tool_search", content_type="json")],
+        context, end="<|call|>",
+    )
+    (call,) = snapshot["output"]
+    assert call["type"] == "tool_search_call" and call["execution"] == "client"
+    assert call["arguments"] == {"query": "weather"} and call["call_id"].startswith("call_")
+    assert types == {"response.in_progress", "response.output_item.added", "response.output_item.done",
+                     "response.completed"}
+
+
+def test_a_function_named_tool_search_is_a_function_when_no_tool_search_was_offered():
+    context = ParseContext(function_tools=["tool_search"])
+    snapshot, _ = parse(
+        [assistant("commentary", '{"q": 1}', recipient="functions.tool_search", content_type="json")],
+        context, end="<|call|>",
+    )
+    assert snapshot["output"][0]["type"] == "function_call"

@@ -114,8 +114,7 @@ def test_tools_without_parameters_are_called_with_no_arguments():
     assert text.endswith("{}")
 
 
-def test_builtin_tools_are_called():
-    started, _ = calls_in(simulated("news", tools=[{"type": "web_search"}]))
-    assert started[-1].recipient == "browser.search"
-    started, _ = calls_in(simulated("code", tools=[{"type": "code_interpreter"}]))
-    assert started[-1].recipient == "python"
+def test_built_in_tools_are_not_called_they_are_not_offered():
+    started, text = calls_in(simulated("news", tools=[{"type": "web_search"}, {"type": "code_interpreter"}]))
+    assert [s.recipient for s in started] == [None, None]
+    assert text.endswith("Steno simulator reply: news")

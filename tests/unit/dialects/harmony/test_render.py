@@ -163,3 +163,38 @@ def test_what_is_kept_for_reuse_stays_within_its_byte_budget():
         renderer.render(build_conversation(request, 0)[0], reuse_scope="t")
     assert 0 < renderer._reused_bytes <= render._REUSED_MAX_BYTES
     assert len(renderer._reused) < 400
+
+
+LOOKUP = {"type": "function", "name": "lookup", "description": "Look it up",
+          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+
+
+def test_tools_added_by_input_items_are_declared_with_the_rest():
+    text = decoded(CreateResponseRequest(model="m", input=[
+        {"type": "additional_tools", "role": "developer",
+         "tools": [{"type": "namespace", "name": "functions", "tools": [LOOKUP]},
+                   {"type": "namespace", "name": "crm", "tools": [{**LOOKUP, "name": "find"}]}]},
+        {"role": "user", "content": "find it"},
+    ]))
+    assert "type lookup = " in text and "type crm.find = " in text
+    assert "// Look it up" in text
+
+
+def test_a_client_tool_search_round_trip_renders_as_a_call_and_its_result_loads_the_tools():
+    search = {"type": "tool_search", "execution": "client", "description": "Find tools."}
+    text = decoded(CreateResponseRequest(model="m", tools=[search], input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "tool_search_call", "call_id": "ts1", "execution": "client", "arguments": {"query": "weather"}},
+        {"type": "tool_search_output", "call_id": "ts1", "execution": "client", "tools": [LOOKUP]},
+    ]))
+    assert "type tool_search = " in text and "type lookup = " in text
+    assert 'to=functions.tool_search<|channel|>commentary json<|message|>{"query":"weather"}' in text
+    assert '<|start|>functions.tool_search to=assistant<|channel|>commentary<|message|>' \
+           '[{"name":"lookup","description":"Look it up"}]' in text
+
+
+def test_a_tool_search_output_without_its_call_is_refused():
+    with pytest.raises(InvalidInput) as refused:
+        harmony().render(CreateResponseRequest(model="m", input=[
+            {"type": "tool_search_output", "call_id": "nope", "tools": []}]), 0)
+    assert refused.value.param == "input[0].call_id"

@@ -23,9 +23,12 @@ def test_reads_required_parameters_as_json_types():
         "get_weather": {"city": "string", "days": "number", "metric": "boolean", "unit": "string"}}
 
 
-def test_reads_offered_builtins():
+def test_built_in_tools_are_not_in_the_prompt():
     read = facts(input="x", tools=[{"type": "web_search"}, {"type": "code_interpreter"}])
-    assert (read.browser, read.python) == (True, True)
+    assert read.functions == {}
+    prompt = encoding().decode(harmony().render(
+        CreateResponseRequest(model="m", input="x", tools=[{"type": "web_search"}]), 0).token_ids)
+    assert "browser" not in prompt and "## python" not in prompt
 
 
 def test_reads_the_tool_result_the_prompt_ends_with():
