@@ -83,13 +83,30 @@ class CompletionSplitter(Protocol):
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """The grammar a custom tool's input must match."""
+
+    syntax: str  # "lark" or "regex"
+    definition: str
+
+
+@dataclass(frozen=True)
+class OfferedTool:
+    """A tool as a prompt offers it."""
+
+    # A JSON schema of its arguments, as far as the prompt tells them.
+    parameters: dict[str, Any]
+    # A custom tool's grammar, for its single string argument.
+    grammar: Grammar | None = None
+
+
+@dataclass(frozen=True)
 class PromptFacts:
     """What the simulator reads off a rendered prompt."""
 
     user_text: str
-    # Qualified function name -> its required parameters and their JSON types
-    # ("string", "number", "boolean", or "other").
-    functions: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Qualified function name -> the tool.
+    functions: dict[str, OfferedTool] = field(default_factory=dict)
     # The text of the tool result the prompt ends with, if it ends with one.
     tool_result: str | None = None
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steno.schemas.responses import LOG_FORMAT, ParseContext
-from steno.services.dialects.base import InvalidInput
+from steno.services.dialects.base import Grammar, InvalidInput
 
 # The single string parameter a custom (freeform) tool is offered with.
 CUSTOM_TOOL_INPUT_ARG = "input"
@@ -104,18 +104,35 @@ class ToolCatalog:
             self.custom.add(tool.qualified_name)
 
 
-def _custom_parameters(tool: dict[str, Any], param: str) -> dict[str, Any]:
-    description = "The complete freeform input for this tool, passed through verbatim."
+_CUSTOM_INPUT = {
+    "type": "object",
+    "properties": {CUSTOM_TOOL_INPUT_ARG: {
+        "type": "string", "description": "The complete freeform input for this tool, passed through verbatim."}},
+    "required": [CUSTOM_TOOL_INPUT_ARG],
+}
+# How a custom tool's grammar is told in its description, where it keeps its lines.
+_GRAMMAR_INTRO = "Its input must match this {syntax} grammar:\n"
+_GRAMMAR_SAID = re.compile(r"(?:^|\n\n)Its input must match this (\w+) grammar:\n(.*)\Z", re.S)
+
+
+def _custom_description(tool: dict[str, Any], param: str) -> str:
+    description = _description(tool, param)
     fmt = tool.get("format") or {}
     if not isinstance(fmt, dict):
         raise InvalidInput("a custom tool's format must be an object", f"{param}.format")
-    if fmt.get("type") == "grammar":
-        description += f" It must match this {fmt.get('syntax', '')} grammar:\n{fmt.get('definition', '')}"
-    return {
-        "type": "object",
-        "properties": {CUSTOM_TOOL_INPUT_ARG: {"type": "string", "description": description}},
-        "required": [CUSTOM_TOOL_INPUT_ARG],
-    }
+    if fmt.get("type") != "grammar":
+        return description
+    syntax, definition = fmt.get("syntax"), fmt.get("definition")
+    if syntax not in ("lark", "regex") or not isinstance(definition, str) or not definition:
+        raise InvalidInput("a grammar format needs a syntax ('lark' or 'regex') and a definition", f"{param}.format")
+    said = _GRAMMAR_INTRO.format(syntax=syntax) + definition
+    return f"{description}\n\n{said}" if description else said
+
+
+def grammar_in(description: str) -> Grammar | None:
+    """The grammar a custom tool's description (as offered) tells, if any."""
+    said = _GRAMMAR_SAID.search(description)
+    return Grammar(said.group(1), said.group(2)) if said else None
 
 
 def _description(tool: dict[str, Any], param: str) -> str:
@@ -131,14 +148,14 @@ def _add_callable(catalog: ToolCatalog, tool: dict[str, Any], param: str, namesp
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         raise InvalidInput("a tool name must be 1-64 letters, digits, '_' or '-'", f"{param}.name")
     qualified = f"{namespace}.{name}" if namespace else name
-    description = _description(tool, param)
     if kind == "function":
+        description = _description(tool, param)
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidInput("function parameters must be a JSON schema object", f"{param}.parameters")
         catalog.declare(FunctionTool(qualified, description, parameters), param)
     elif kind == "custom":
-        catalog.declare(FunctionTool(qualified, description, _custom_parameters(tool, param)), param, custom=True)
+        catalog.declare(FunctionTool(qualified, _custom_description(tool, param), _CUSTOM_INPUT), param, custom=True)
     else:
         raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
     if namespace and qualified not in catalog.namespaced_by_bare.setdefault(name, []):

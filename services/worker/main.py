@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simulator.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
     simulator.add_argument("--sim-context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS,
                            help="the context the simulated model holds (prompts that fill it are refused)")
+    simulator.add_argument("--sim-answer-tokens", type=int, default=0,
+                           help="pad plain-text answers to completions of at least this many tokens (for load)")
     vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
     vllm.add_argument("--model-path",
                       help="the model directory (or hub name) vLLM loads; --model stays the served name")
@@ -88,6 +90,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         dialects.dialect_named(args.dialect),
         SimulatorTiming(first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s),
         args.sim_context_tokens,
+        args.sim_answer_tokens,
     )
 
 

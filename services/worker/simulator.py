@@ -3,26 +3,37 @@ behind them.
 
 It reads the prompt it is given (through the dialect) and answers deterministically:
 - after a tool result, a final answer that quotes the result;
-- when the prompt offers function tools, a call to one of them (chosen from the user's
-  text) with arguments filled in from the tool's declared parameters;
+- when the user's text holds a line ``steno-simulator: call <tool> <arguments>``, a call
+  to that tool (by its name or its namespaced name) with those arguments: a JSON object
+  for a function, the rest of the text verbatim for a custom tool;
+- else, when the prompt offers function tools, a call to one of them (chosen from the
+  user's text) with arguments made from the tool's declared parameters (a small instance
+  of them, free strings holding the user's text) or, for a custom tool with a grammar,
+  a short sentence of the grammar;
 - otherwise a reasoning message and a final answer echoing the user.
-It streams at a configurable first-token delay and token rate. Its text says it is a
-simulation; it is for running the pipeline where there is no GPU, and for load."""
+An answer asked for as JSON (``text.format``) is a small instance of the schema (an
+object for ``json_object``). The answer can be padded to a length, for load. It streams
+at a configurable first-token delay and token rate. Its text says it is a simulation;
+it is for running the pipeline where there is no GPU, and for load."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import orjson
 
-from steno.schemas.bus import FinishReason, SamplingParams
-from steno.services.dialects import CompletionMessage, Dialect, PromptFacts
+from steno.schemas.bus import FinishReason, SamplingParams, StructuredOutput
+from steno.services.dialects import CompletionMessage, Dialect, OfferedTool, PromptFacts
+from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG
 from steno.services.worker.engine import EngineError, EngineOutput
+from steno.services.worker.instances import lark_example, regex_example, schema_instance
 
 
 @dataclass(frozen=True)
@@ -34,35 +45,98 @@ class SimulatorTiming:
     chunk_tokens: int = 16
 
 
-_ARGUMENTS = {"string": lambda text: text, "number": len, "boolean": lambda text: True}
+_DIRECTIVE = re.compile(r"(?:^|\n)steno-simulator: call ([\w.-]+)[ \n]?(.*)\Z", re.S)
+# A word the dialects' vocabularies hold as one token, to pad answers with.
+_FILLER = " more"
 
 
-def completion_messages(facts: PromptFacts) -> list[CompletionMessage]:
+def _quoted(text: str) -> str:
+    return " ".join(text.split())[:400]
+
+
+def _answer(text: str, answer_format: StructuredOutput | None) -> str:
+    if answer_format is None:
+        return text
+    if answer_format.kind == "json_object":
+        return orjson.dumps({"reply": text}).decode()
+    return orjson.dumps(schema_instance(answer_format.json_schema or {}, text)).decode()
+
+
+def _arguments(tool: OfferedTool, text: str) -> dict[str, Any]:
+    arguments = schema_instance(tool.parameters, text)
+    if not isinstance(arguments, dict):
+        arguments = {}
+    if tool.grammar is not None:
+        read = lark_example if tool.grammar.syntax == "lark" else regex_example
+        arguments[CUSTOM_TOOL_INPUT_ARG] = read(tool.grammar.definition) or text
+    return arguments
+
+
+def _takes_freeform_input(tool: OfferedTool, directed: str) -> bool:
+    """Whether a directive's arguments are a custom tool's input (a prompt shows a custom
+    tool as a function of one string, ``input``) rather than a JSON object."""
+    if tool.grammar is not None:
+        return True
+    properties = tool.parameters.get("properties")
+    return isinstance(properties, dict) and set(properties) == {CUSTOM_TOOL_INPUT_ARG} \
+        and not directed.lstrip().startswith("{")
+
+
+def _directed_call(facts: PromptFacts, reasoning: str) -> list[CompletionMessage] | None:
+    directive = _DIRECTIVE.search(facts.user_text)
+    if directive is None:
+        return None
+    asked, rest = directive.groups()
+    name = next((name for name in sorted(facts.functions) if name == asked or name.rsplit(".", 1)[-1] == asked), None)
+    if name is None:
+        return [CompletionMessage("analysis", reasoning + f" No tool named {asked} is offered."),
+                CompletionMessage("final", f"Steno simulator reply: no tool named {asked} is offered.")]
+    if _takes_freeform_input(facts.functions[name], rest):
+        arguments = orjson.dumps({CUSTOM_TOOL_INPUT_ARG: rest}).decode()
+    else:
+        arguments = rest.strip() or "{}"
+    return [CompletionMessage("analysis", reasoning + f" I was asked to call {name}."),
+            CompletionMessage("commentary", arguments, f"functions.{name}", "json")]
+
+
+def completion_messages(facts: PromptFacts, answer_format: StructuredOutput | None = None) -> list[CompletionMessage]:
     """What the simulator says to a prompt."""
-    quoted = " ".join(facts.user_text.split())[:400] or "(empty input)"
     if facts.tool_result is not None:
-        result = " ".join(facts.tool_result.split())[:400]
         return [
             CompletionMessage("analysis", "Simulated reasoning: the tool answered; I will report it."),
-            CompletionMessage("final", f"Steno simulator reply: the tool returned {result}"),
+            CompletionMessage("final", _answer(
+                f"Steno simulator reply: the tool returned {_quoted(facts.tool_result)}", answer_format)),
         ]
     reasoning = f"Simulated reasoning: the user wrote {len(facts.user_text)} characters."
-    pick = zlib.crc32(facts.user_text.encode())
+    directed = _directed_call(facts, reasoning)
+    if directed is not None:
+        return directed
     if facts.functions:
-        name = sorted(facts.functions)[pick % len(facts.functions)]
-        arguments = {param: _ARGUMENTS[kind](facts.user_text) if kind in _ARGUMENTS else None
-                     for param, kind in facts.functions[name].items()}
+        name = sorted(facts.functions)[zlib.crc32(facts.user_text.encode()) % len(facts.functions)]
+        arguments = _arguments(facts.functions[name], facts.user_text)
         return [CompletionMessage("analysis", reasoning + f" I will call {name}."),
                 CompletionMessage("commentary", orjson.dumps(arguments).decode(), f"functions.{name}", "json")]
+    quoted = _quoted(facts.user_text) or "(empty input)"
     return [
         CompletionMessage("analysis", reasoning + " I will echo them back."),
-        CompletionMessage("final", f"Steno simulator reply: {quoted}"),
+        CompletionMessage("final", _answer(f"Steno simulator reply: {quoted}", answer_format)),
     ]
 
 
-def completion_tokens(dialect: Dialect, prompt_token_ids: Sequence[int]) -> list[int]:
-    """The full simulated completion for a prompt."""
-    return dialect.write_completion(completion_messages(dialect.read_prompt(prompt_token_ids)))
+def completion_tokens(
+    dialect: Dialect, prompt_token_ids: Sequence[int], answer_format: StructuredOutput | None = None,
+    min_tokens: int = 0,
+) -> list[int]:
+    """The full simulated completion for a prompt; a plain-text answer is padded until
+    the completion has ``min_tokens`` tokens."""
+    messages = completion_messages(dialect.read_prompt(prompt_token_ids), answer_format)
+    tokens = dialect.write_completion(messages)
+    last = messages[-1]
+    padded = 0
+    while len(tokens) < min_tokens and last.channel == "final" and answer_format is None:
+        padded += min_tokens - len(tokens)
+        tokens = dialect.write_completion([*messages[:-1], CompletionMessage("final", last.text + _FILLER * padded)])
+    return tokens
 
 
 # gpt-oss's context, which the simulator stands in for.
@@ -73,17 +147,20 @@ class SimulatorEngine:
     name = "simulator"
 
     def __init__(self, dialect: Dialect, timing: SimulatorTiming = SimulatorTiming(),
-                 context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
+                 context_tokens: int = DEFAULT_CONTEXT_TOKENS, answer_tokens: int = 0) -> None:
+        """``answer_tokens``: plain answers are padded to completions of this many tokens."""
         self._dialect = dialect
         self._timing = timing
+        self._answer_tokens = answer_tokens
         self.context_tokens = context_tokens
         self._aborted: set[str] = set()
         # Rendering a completion costs about as much CPU as the whole pipeline spends on a
         # request; a GPU engine spends none of these cores on it, so repeated prompts reuse it.
         self._completion = lru_cache(maxsize=1024)(self._render_completion)
 
-    def _render_completion(self, prompt_token_ids: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(completion_tokens(self._dialect, prompt_token_ids))
+    def _render_completion(self, prompt_token_ids: tuple[int, ...], answer_format: str | None) -> tuple[int, ...]:
+        structured = StructuredOutput.model_validate_json(answer_format) if answer_format else None
+        return tuple(completion_tokens(self._dialect, prompt_token_ids, structured, self._answer_tokens))
 
     async def generate(
         self,
@@ -92,7 +169,8 @@ class SimulatorEngine:
         sampling: SamplingParams,
         prior_output: Sequence[int] = (),
     ) -> AsyncIterator[EngineOutput]:
-        tokens = list(self._completion(tuple(prompt_token_ids)))
+        structured = sampling.structured_output
+        tokens = list(self._completion(tuple(prompt_token_ids), structured.model_dump_json() if structured else None))
         if list(prior_output) != tokens[: len(prior_output)]:
             raise EngineError("cannot continue: the earlier output is not this simulator's completion")
         tokens = tokens[len(prior_output):]

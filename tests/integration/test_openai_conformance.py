@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 from openai.types.responses import Response
+from pydantic import BaseModel, Field
 
 from tests.conftest import SLOW_MODEL
 
@@ -75,3 +76,16 @@ def test_a_wrong_method_is_a_405_in_openais_shape(stack):
     reply = httpx.put(f"{stack.base_url}/responses", headers=stack.headers(), timeout=10)
     assert reply.status_code == 405
     assert reply.json()["error"]["type"] == "invalid_request_error"
+
+
+class Trip(BaseModel):
+    city: str
+    nights: int = Field(ge=1)
+    notes: list[str]
+
+
+def test_structured_output_parses_as_the_sdk_asks(client):
+    parsed = client.responses.parse(model=MODEL, input="Two nights in Rome", text_format=Trip)
+    assert isinstance(parsed.output_parsed, Trip)
+    assert parsed.output_parsed.city.endswith("Two nights in Rome") and parsed.output_parsed.nights >= 1
+    assert parsed.text.format.type == "json_schema"

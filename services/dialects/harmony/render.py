@@ -2,9 +2,10 @@
 
 System message: reasoning effort and conversation start date (no built-in tools: this
 server does not run them). Developer message: ``instructions`` (plus any
-``system``/``developer`` role input, plus what ``tool_choice`` asks) and the function
-tools (see ``services/dialects/tools.py``), those that input items add included. Then
-the input items, in order."""
+``system``/``developer`` role input, plus what ``tool_choice`` asks), the function
+tools (see ``services/dialects/tools.py``), those that input items add included, and
+the ``text.format`` asked for (a "Response Formats" section). Then the input items, in
+order."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from openai_harmony import (
     RenderOptions,
     Role,
     SystemContent,
+    TextContent,
     ToolDescription,
 )
 
@@ -251,17 +253,48 @@ def build_conversation(
     if choice_instruction:
         instructions.append(choice_instruction)
     conversation = [Message.from_role_and_content(Role.SYSTEM, system)]
-    if instructions or offered.functions:
+    response_format = _response_format(request)
+    if instructions or offered.functions or response_format:
         developer = DeveloperContent.new()
         if instructions:
             developer = developer.with_instructions("\n\n".join(instructions))
         if offered.functions:
             developer = developer.with_function_tools([
-                ToolDescription.new(tool.qualified_name, tool.description, tool.parameters)
+                ToolDescription.new(tool.qualified_name, tool.description, _one_line_descriptions(tool.parameters))
                 for tool in offered.functions.values()
             ])
-        conversation.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        message = Message.from_role_and_content(Role.DEVELOPER, developer)
+        if response_format:
+            separator = "\n\n" if instructions or offered.functions else ""
+            message = message.adding_content(TextContent(text=separator + response_format))
+        conversation.append(message)
     return Conversation.from_messages(conversation + messages), offered
+
+
+def _response_format(request: CreateResponseRequest) -> str:
+    """The developer message's section on ``text.format``, as gpt-oss was taught it."""
+    fmt = request.text.format if request.text else None
+    if not fmt or fmt.get("type") not in ("json_schema", "json_object"):
+        return ""
+    name: str = "json_object"
+    description: Any = "A JSON object."
+    schema: Any = {"type": "object"}
+    if fmt["type"] == "json_schema":
+        name = " ".join(str(fmt.get("name") or "response").split())
+        description, schema = fmt.get("description"), fmt.get("schema")
+    comment = "".join(f"// {line}\n" for line in description.splitlines()) if isinstance(description, str) else ""
+    return f"# Response Formats\n\n## {name}\n\n{comment}{orjson.dumps(schema).decode()}"
+
+
+def _one_line_descriptions(schema: Any) -> Any:
+    """``schema`` with its parameters' descriptions on one line each: Harmony writes a
+    parameter's description as a one-line comment, and a line break would end it."""
+    if isinstance(schema, list):
+        return [_one_line_descriptions(value) for value in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {key: " ".join(value.split()) if key == "description" and isinstance(value, str)
+            else _one_line_descriptions(value) for key, value in schema.items()}
 
 
 # Rendered messages are reused: the system and developer messages are the same for most

@@ -1,7 +1,7 @@
 import pytest
 
-from steno.services.dialects import InvalidInput
-from steno.services.dialects.tools import apply_tool_choice
+from steno.services.dialects import Grammar, InvalidInput
+from steno.services.dialects.tools import apply_tool_choice, grammar_in
 from steno.services.dialects.tools import tool_catalog as catalog_of
 
 
@@ -97,3 +97,21 @@ def test_a_tool_declared_again_the_same_is_one_tool_and_declared_differently_is_
     with pytest.raises(InvalidInput) as refused:
         tool_catalog([SEARCH, {**SEARCH, "description": "Something else"}])
     assert refused.value.param == "tools[1].name"
+
+
+def test_a_custom_tools_grammar_is_told_in_its_description_and_read_back():
+    grammar = 'start: "a"+'
+    tool = {"type": "custom", "name": "spell", "description": "Spells.",
+            "format": {"type": "grammar", "syntax": "lark", "definition": grammar}}
+    offered = tool_catalog([tool]).functions["spell"]
+    assert offered.parameters["required"] == ["input"]
+    assert grammar_in(offered.description) == Grammar("lark", grammar)
+    assert grammar_in(tool_catalog([{"type": "custom", "name": "note"}]).functions["note"].description) is None
+
+
+@pytest.mark.parametrize("fmt", [{"type": "grammar", "syntax": "ebnf", "definition": "x"},
+                                 {"type": "grammar", "syntax": "lark"}, "lark"])
+def test_a_grammar_it_cannot_tell_is_refused(fmt):
+    with pytest.raises(InvalidInput) as refused:
+        tool_catalog([{"type": "custom", "name": "spell", "format": fmt}])
+    assert refused.value.param == "tools[0].format"

@@ -1,15 +1,21 @@
 import asyncio
+import json
+import re
+
+import jsonschema
+import lark
+import pytest
 
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import SamplingParams
+from steno.schemas.bus import SamplingParams, StructuredOutput
 from steno.schemas.responses import ParseContext
 from steno.services.dialects import MessageStarted, TextDelta
 from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming, completion_tokens
 from tests.harmony_samples import encoding, harmony
 
 
-def prompt(text: str, **request) -> list[int]:
-    return harmony().render(CreateResponseRequest(model="m", input=text, **request), 1700000000).token_ids
+def prompt(user_text: str, **request) -> list[int]:
+    return harmony().render(CreateResponseRequest(model="m", input=user_text, **request), 1700000000).token_ids
 
 
 async def collect(engine, tokens, sampling=SamplingParams()):
@@ -108,8 +114,10 @@ def test_after_a_tool_result_it_answers():
     assert text.endswith("Steno simulator reply: the tool returned sunny, 21C")
 
 
-def test_tools_without_parameters_are_called_with_no_arguments():
-    started, text = calls_in(simulated("x", tools=[{"type": "function", "name": "ping"}]))
+@pytest.mark.parametrize("parameters", [{}, {"type": "object", "properties": {}}, None])
+def test_tools_without_parameters_are_called_with_no_arguments(parameters):
+    tool = {"type": "function", "name": "ping", **({"parameters": parameters} if parameters is not None else {})}
+    started, text = calls_in(simulated("x", tools=[tool]))
     assert started[-1].recipient == "functions.ping"
     assert text.endswith("{}")
 
@@ -118,3 +126,103 @@ def test_built_in_tools_are_not_called_they_are_not_offered():
     started, text = calls_in(simulated("news", tools=[{"type": "web_search"}, {"type": "code_interpreter"}]))
     assert [s.recipient for s in started] == [None, None]
     assert text.endswith("Steno simulator reply: news")
+
+
+def final_text(tokens) -> str:
+    fragments = harmony().splitter(ParseContext()).feed(tokens)
+    texts, channel = [], None
+    for fragment in fragments:
+        if isinstance(fragment, MessageStarted):
+            channel = fragment.channel
+        elif isinstance(fragment, TextDelta) and channel == "final":
+            texts.append(fragment.text)
+    return "".join(texts)
+
+
+ORDER = {"type": "object", "additionalProperties": False, "required": ["item", "quantity", "gift", "address"],
+         "properties": {"item": {"type": "string"}, "quantity": {"type": "integer", "minimum": 1},
+                        "gift": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+                        "address": {"$ref": "#/$defs/Address"}},
+         "$defs": {"Address": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
+
+
+def structured(kind: str, schema=None) -> StructuredOutput:
+    return StructuredOutput(kind=kind, json_schema=schema)
+
+
+def test_an_answer_asked_for_as_json_matches_the_schema():
+    text_format = {"type": "json_schema", "name": "order", "schema": ORDER}
+    tokens = completion_tokens(harmony(), prompt("two books", text={"format": text_format}),
+                               structured("json_schema", ORDER))
+    answer = json.loads(final_text(tokens))
+    jsonschema.validate(answer, ORDER)
+    assert answer["item"].endswith("two books")
+
+
+def test_json_object_answers_are_objects_and_tool_results_too():
+    assert isinstance(json.loads(final_text(completion_tokens(harmony(), prompt("hi"), structured("json_object")))),
+                      dict)
+    after_tool = harmony().render(CreateResponseRequest(model="m", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]), 0).token_ids
+    answer = json.loads(final_text(completion_tokens(harmony(), after_tool, structured("json_schema", ORDER))))
+    jsonschema.validate(answer, ORDER)
+
+
+def test_the_engine_honours_the_requests_format():
+    engine = SimulatorEngine(harmony())
+    outputs = asyncio.run(collect(engine, prompt("hi"), SamplingParams(structured_output=structured("json_object"))))
+    assert json.loads(final_text(sum((o.token_ids for o in outputs), []))) == {"reply": "Steno simulator reply: hi"}
+    plain = asyncio.run(collect(engine, prompt("hi")))
+    assert final_text(sum((o.token_ids for o in plain), [])) == "Steno simulator reply: hi"
+
+
+SHELL = {"type": "function", "name": "shell", "parameters": {
+    "type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+    "required": ["command"]}}
+PATCH_GRAMMAR = 'start: "*** Begin Patch" LF hunk+ "*** End Patch"\nhunk: "*** Add File: " /[a-z]+/ LF\n' \
+                "%import common.LF"
+APPLY_PATCH = {"type": "custom", "name": "apply_patch",
+               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
+
+
+def test_a_directive_in_the_users_text_calls_that_tool_with_those_arguments():
+    started, text = calls_in(simulated('Run it.\nsteno-simulator: call shell {"command": ["echo", "hi"]}',
+                                       tools=[SHELL, APPLY_PATCH, WEATHER]))
+    assert started[-1].recipient == "functions.shell"
+    assert text.endswith('{"command": ["echo", "hi"]}')
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    started, text = calls_in(simulated(f"steno-simulator: call apply_patch {patch}", tools=[SHELL, APPLY_PATCH]))
+    assert started[-1].recipient == "functions.apply_patch"
+    assert text.endswith(json.dumps({"input": patch}, separators=(",", ":")))
+
+
+def test_a_directive_for_a_tool_not_offered_is_answered_not_called():
+    started, text = calls_in(simulated("steno-simulator: call rm {}", tools=[SHELL]))
+    assert [s.recipient for s in started] == [None, None]
+    assert text.endswith("no tool named rm is offered.")
+
+
+def test_a_custom_tools_input_is_a_sentence_of_its_grammar():
+    started, text = calls_in(simulated("x", tools=[APPLY_PATCH]))
+    assert started[-1].recipient == "functions.apply_patch"
+    patch = json.loads(text[text.index('{"input"'):])["input"]
+    lark.Lark(PATCH_GRAMMAR).parse(patch)
+    regex_tool = {"type": "custom", "name": "ticket",
+                  "format": {"type": "grammar", "syntax": "regex", "definition": r"[A-Z]{3}-\d{4}"}}
+    _, text = calls_in(simulated("x", tools=[regex_tool]))
+    assert re.fullmatch(r"[A-Z]{3}-\d{4}", json.loads(text[text.index('{"input"'):])["input"])
+
+
+def test_arguments_fill_nested_parameters():
+    _, text = calls_in(simulated("Paris", tools=[SHELL]))
+    assert text.endswith('{"command":[]}')
+
+
+def test_answers_can_be_padded_to_a_length_for_load():
+    tokens = completion_tokens(harmony(), prompt("hi"), min_tokens=500)
+    assert 500 <= len(tokens) <= 510
+    assert final_text(tokens).startswith("Steno simulator reply: hi more more")
+    engine = SimulatorEngine(harmony(), answer_tokens=300)
+    assert sum(len(o.token_ids) for o in asyncio.run(collect(engine, prompt("hi")))) >= 300

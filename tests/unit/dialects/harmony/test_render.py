@@ -39,6 +39,28 @@ def test_function_tools_are_declared():
     assert "namespace functions" in text and "type get_weather" in text
 
 
+ANSWER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_a_json_answer_is_asked_for_in_a_response_formats_section_at_the_end():
+    text_format = {"type": "json_schema", "name": "answer", "description": "The city.\nOne only.", "schema": ANSWER}
+    text = decoded(CreateResponseRequest(model="m", input="x", instructions="Be terse.", text={"format": text_format}))
+    assert ('# Instructions\n\nBe terse.\n\n# Response Formats\n\n## answer\n\n// The city.\n// One only.\n'
+            '{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}<|end|>') in text
+    alone = decoded(CreateResponseRequest(model="m", input="x", text={"format": {"type": "json_object"}}))
+    assert '<|start|>developer<|message|># Response Formats\n\n## json_object\n\n// A JSON object.\n' \
+           '{"type":"object"}<|end|>' in alone
+    plain = decoded(CreateResponseRequest(model="m", input="x", text={"format": {"type": "text"}}))
+    assert "Response Formats" not in plain
+
+
+def test_parameter_descriptions_are_kept_on_one_line():
+    tool = {"type": "function", "name": "run", "parameters": {
+        "type": "object", "properties": {"cmd": {"type": "string", "description": "The command.\nOne line."}}}}
+    text = decoded(CreateResponseRequest(model="m", input="x", tools=[tool]))
+    assert "// The command. One line.\ncmd?: string," in text
+
+
 def test_function_call_round_trip_items():
     request = CreateResponseRequest(model="m", input=[
         {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
@@ -88,6 +110,7 @@ REASONED_TURN = [
     {"input": REASONED_TURN[:4], "tools": [WEATHER_TOOL]},
     {"input": [{"role": "developer", "content": "Speak French."}, {"role": "user", "content": "Hi"},
                {"role": "assistant", "content": "Salut", "phase": "commentary"}]},
+    {"input": "x", "tools": [WEATHER_TOOL], "text": {"format": {"type": "json_object"}}},
 ])
 def test_rendering_reuses_messages_and_matches_harmony_rendering_the_whole_conversation(request_body):
     """The prompt is rendered message by message, reusing messages rendered before; it

@@ -1,6 +1,8 @@
+import pytest
+
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.responses import ParseContext
-from steno.services.dialects import CompletionMessage, MessageEnded, MessageStarted, TextDelta
+from steno.services.dialects import CompletionMessage, Grammar, MessageEnded, MessageStarted, OfferedTool, TextDelta
 from tests.harmony_samples import encoding, harmony
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather",
@@ -18,9 +20,46 @@ def test_reads_the_last_user_message():
     assert facts(input="What is 2+2?").user_text == "What is 2+2?"
 
 
-def test_reads_required_parameters_as_json_types():
-    assert facts(input="x", tools=[WEATHER]).functions == {
-        "get_weather": {"city": "string", "days": "number", "metric": "boolean", "unit": "string"}}
+def test_reads_the_parameters_back_as_a_json_schema():
+    assert facts(input="x", tools=[WEATHER]).functions["get_weather"] == OfferedTool({
+        "type": "object", "required": ["city", "days", "metric", "unit"],
+        "properties": {"city": {"type": "string"}, "days": {"type": "number"}, "metric": {"type": "boolean"},
+                       "unit": {"enum": ["C", "F"]}}})
+
+
+NESTED = {"type": "object", "required": ["command", "options"], "properties": {
+    "command": {"type": "array", "items": {"type": "string"}, "description": "The command\nto run, one\nper line"},
+    "options": {"type": "object", "properties": {"cwd": {"type": "string"}, "limits": {
+        "type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}},
+        "required": ["limits"]},
+    "tag": {"type": ["string", "null"]}}}
+
+
+def test_reads_nested_objects_arrays_and_unions_whatever_the_descriptions_say():
+    read = facts(input="x", tools=[{"type": "function", "name": "shell", "parameters": NESTED}]).functions["shell"]
+    assert read.parameters == {"type": "object", "required": ["command", "options"], "properties": {
+        "command": {"type": "array", "items": {"type": "string"}},
+        "options": {"type": "object", "required": ["limits"], "properties": {
+            "cwd": {"type": "string"},
+            "limits": {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}}},
+        "tag": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
+
+
+@pytest.mark.parametrize("parameters", [None, {}, {"type": "object", "properties": {}}])
+def test_a_function_without_parameters_is_read_as_one(parameters):
+    tool = {"type": "function", "name": "ping", **({"parameters": parameters} if parameters is not None else {})}
+    assert "ping" in facts(input="x", tools=[tool]).functions
+
+
+def test_reads_a_custom_tools_grammar_as_a_grammar():
+    grammar = 'start: "*** Begin Patch" LF body\nbody: /[a-z]+/ LF\n%import common.LF'
+    tool = {"type": "custom", "name": "apply_patch", "description": "Patches files.\nUse with care.",
+            "format": {"type": "grammar", "syntax": "lark", "definition": grammar}}
+    read = facts(input="x", tools=[tool]).functions["apply_patch"]
+    assert read.grammar == Grammar("lark", grammar)
+    assert read.parameters["required"] == ["input"]
+    plain = facts(input="x", tools=[{"type": "custom", "name": "note"}]).functions["note"]
+    assert plain.grammar is None
 
 
 def test_built_in_tools_are_not_in_the_prompt():
