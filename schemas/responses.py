@@ -10,6 +10,14 @@ LOG_FORMAT = 2
 LOG_FORMAT_PART_LOGPROBS = 2
 
 
+class ReasoningSealing(BaseModel):
+    """Reasoning items carry their text sealed (``include: ["reasoning.encrypted_content"]``)
+    with this key, for this tenant (services/common/reasoning_seal.py)."""
+
+    key_id: str
+    tenant: str
+
+
 class ParseContext(BaseModel):
     """What the parser must know of the request to interpret the model's output."""
 
@@ -28,3 +36,4 @@ class ParseContext(BaseModel):
     # The model's format (``services/dialects``); contexts recorded before there was a
     # choice are Harmony's.
     dialect: str = "harmony"
+    reasoning_sealing: ReasoningSealing | None = None

@@ -66,6 +66,36 @@ def _keys(args: argparse.Namespace) -> None:
     sys.exit(asyncio.run(run()))
 
 
+def _reasoning_keys(args: argparse.Namespace) -> None:
+    from steno.services.common import db, reasoning_keys
+    from steno.services.common.config import Settings
+
+    if args.action == "generate":
+        # For STENO_REASONING_KEYS: nothing is stored.
+        print(reasoning_keys.setting_for(reasoning_keys.new_key()))
+        return
+
+    async def run() -> int:
+        pool = await db.create_pool(Settings.from_env().database_url)
+        try:
+            if args.action == "rotate":
+                print(f"{await reasoning_keys.rotate(pool)} seals new responses' reasoning from now on")
+            elif args.action == "retire":
+                if not await reasoning_keys.retire(pool, args.key_id):
+                    print(f"no active reasoning key {args.key_id}", file=sys.stderr)
+                    return 1
+                print(f"retired {args.key_id}: what it sealed no longer opens")
+            else:
+                for row in await reasoning_keys.list_keys(pool):
+                    state = f"retired {row['retired_at']:%Y-%m-%d}" if row["retired_at"] else "active"
+                    print(f"{row['id']}  created {row['created_at']:%Y-%m-%d %H:%M}  {state}")
+            return 0
+        finally:
+            await pool.close()
+
+    sys.exit(asyncio.run(run()))
+
+
 def main(argv: list[str] | None = None) -> None:
     from steno.benchmarks import command as bench_command
     from steno.infra import stack
@@ -94,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     key_actions.add_parser("revoke", help="revoke a key").add_argument("key_id")
     key_actions.add_parser("list", help="list keys (never the keys themselves)")
     keys.set_defaults(run=_keys)
+    sealing = commands.add_parser("reasoning-keys", help="the keys that seal reasoning for stateless clients")
+    sealing_actions = sealing.add_subparsers(dest="action", required=True)
+    sealing_actions.add_parser("rotate", help="add a newer key (older ones still open what they sealed)")
+    sealing_actions.add_parser("retire", help="retire a key: what it sealed no longer opens").add_argument("key_id")
+    sealing_actions.add_parser("list", help="list the keys (never the secrets)")
+    sealing_actions.add_parser("generate", help="print a new key for STENO_REASONING_KEYS (stores nothing)")
+    sealing.set_defaults(run=_reasoning_keys)
     bench = commands.add_parser("bench", help="benchmark the pipeline against an in-process server "
                                 "(needs the bench extra)")
     bench_command.add_arguments(bench)

@@ -20,6 +20,9 @@ SLOW_MODEL = "steno-slow"
 # A model with a context larger than the bus's largest message holds in prompt token ids.
 LONG_MODEL = "steno-long"
 LONG_CONTEXT_TOKENS = 400_000
+# A model with a small context, for what happens when a conversation outgrows it.
+SMALL_MODEL = "steno-small"
+SMALL_CONTEXT_TOKENS = 600
 
 
 def _with_database(url: str, name: str) -> str:
@@ -75,6 +78,8 @@ def stack(settings, tmp_path_factory) -> Stack:
         running.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
         running.add("worker-long", "worker", "--model", LONG_MODEL, "--sim-tokens-per-s", "0",
                     "--sim-context-tokens", str(LONG_CONTEXT_TOKENS))
+        running.add("worker-small", "worker", "--model", SMALL_MODEL, "--sim-tokens-per-s", "0",
+                    "--sim-context-tokens", str(SMALL_CONTEXT_TOKENS))
         running.add_api()
         running.add_api()
         yield running

@@ -41,8 +41,8 @@ def random_sizes(seed: int, count: int, largest: int = 7) -> list[int]:
     return [rng.randint(1, largest) for _ in range(count)]
 
 
-def run(tokens, sizes, finish="stop", context=ParseContext(), logprobs=False):
-    state = ResponseState(RID, BASE, context)
+def run(tokens, sizes, finish="stop", context=ParseContext(), logprobs=False, seal=None):
+    state = ResponseState(RID, BASE, context, seal=seal)
     events = []
     sent = batches(tokens, sizes)
     for batch in sent:

@@ -38,6 +38,7 @@ from steno.services.api.store import ResponseStore
 from steno.services.common import bus, db
 from steno.services.common.config import Settings
 from steno.services.common.kv_mirror import KvMirror
+from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.runtime import freeze_startup_heap
 from steno.services.edge import EventReader, ResponseTail
 
@@ -87,7 +88,7 @@ class Api:
                 names=names, js=js, store=store, reader=reader, tail=tail,
                 models=ModelDirectory(workers, settings.model_wait_s), renderer=renderer,
                 cancel_flags=await bus.cancel_flags(js, names), request_store=await bus.request_store(js, names),
-                message_limit=bus.message_limit(nc), origin=origin,
+                message_limit=bus.message_limit(nc), origin=origin, reasoning_keys=ReasoningKeys(pool),
             )
         except BaseException:
             await resources.aclose()

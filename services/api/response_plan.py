@@ -9,10 +9,12 @@ from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, ParserSeed, SamplingParams, StructuredOutput
 from steno.schemas.events import LoggedEvent, created_event
 from steno.schemas.ids import derived_id
+from steno.schemas.responses import ReasoningSealing
 from steno.services.api.store import NewResponse, StoredResponse
 from steno.services.dialects import InvalidInput, RenderedPrompt
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SEALED_REASONING_INCLUDE = "reasoning.encrypted_content"
 
 
 @dataclass(frozen=True)
@@ -119,14 +121,22 @@ def plan_response(
     tenant_id: str,
     created_at: int,
     prompt: RenderedPrompt,
+    reasoning_sealing: ReasoningSealing | None = None,
+    truncated_items: int = 0,
 ) -> ResponsePlan:
-    """``prompt``: the request rendered in its model's dialect. Raises InvalidInput for a
-    ``text.format`` Steno cannot apply."""
+    """``prompt``: the request rendered in its model's dialect; ``reasoning_sealing``: how
+    its reasoning is sealed, when the request includes ``reasoning.encrypted_content``;
+    ``truncated_items``: how many items ``truncation: "auto"`` left out of the prompt.
+    Raises InvalidInput for a ``text.format`` Steno cannot apply."""
     include = set(request.include or [])
     wants_logprobs = LOGPROBS_INCLUDE in include or bool(request.top_logprobs)
-    parse_context = prompt.parse_context.model_copy(update={"include_logprobs": wants_logprobs})
+    parse_context = prompt.parse_context.model_copy(
+        update={"include_logprobs": wants_logprobs, "reasoning_sealing": reasoning_sealing})
     status = "queued" if request.background else "in_progress"
     snapshot = base_snapshot(request, response_id, created_at, status)
+    if truncated_items:
+        # Not a field of OpenAI's Response: how a client learns its prompt was shortened.
+        snapshot["truncated_items"] = truncated_items
     sampling = SamplingParams(
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,

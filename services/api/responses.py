@@ -31,13 +31,17 @@ from steno.schemas.bus import (
 from steno.schemas.events import LoggedEvent, failure_events
 from steno.schemas.fold import fold
 from steno.schemas.ids import new_response_id
+from steno.schemas.responses import ReasoningSealing
 from steno.services.api.errors import ApiError
 from steno.services.api.limits import check_request, is_id
 from steno.services.api.models import ModelDirectory
 from steno.services.api.rendering import PromptRenderer, RenderFailed
-from steno.services.api.response_plan import history_items, plan_response
+from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_items, plan_response
 from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
+from steno.services.api.truncation import Conversation, turn_starts, without_oldest_turns
 from steno.services.common.bus import Names
+from steno.services.common.reasoning_keys import ReasoningKeys
+from steno.services.common.reasoning_seal import SealError, key_id_of
 from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_named
 from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
 
@@ -110,6 +114,7 @@ class ResponsesService:
         request_store: ObjectStore,
         message_limit: int,
         origin: str,
+        reasoning_keys: ReasoningKeys,
     ) -> None:
         """``origin``: this process's tag, carried by the ids it makes (their events are
         announced where ``tail`` listens for them). ``message_limit``: the largest bus
@@ -125,6 +130,7 @@ class ResponsesService:
         self._models = models
         self._cancel_flags = cancel_flags
         self._origin = origin
+        self._reasoning_keys = reasoning_keys
 
     async def create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
         """Records and queues a response: its event stream (``stream``), the queued
@@ -135,17 +141,17 @@ class ResponsesService:
             raise ApiError(400, "Background responses must be stored (store=true).", param="store",
                            code="invalid_value")
         check_include(request.include)
+        request = await self._resolved_references(request, tenant)
         history = await self._history(request, tenant)
         registration, dialect = await self._served(request.model)
         created_at = int(time.time())
-        try:
-            prompt = await self._renderer.render(dialect, request, created_at, history, reuse_scope=tenant)
-        except RenderFailed as exc:
-            raise ApiError(400, str(exc), param=exc.param or "input", code="invalid_value") from exc
-        _check_context(prompt, registration)
+        prompt, left_out = await self._render_to_fit(dialect, request, created_at, history, tenant, registration)
         response_id = new_response_id(self._origin)
+        sealing = None
+        if SEALED_REASONING_INCLUDE in (request.include or []):
+            sealing = ReasoningSealing(key_id=(await self._reasoning_keys.current()).current, tenant=tenant)
         try:
-            plan = plan_response(request, response_id, tenant, created_at, prompt)
+            plan = plan_response(request, response_id, tenant, created_at, prompt, sealing, left_out)
         except InvalidInput as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
         snapshot = plan.record.base_snapshot
@@ -177,13 +183,104 @@ class ResponsesService:
         request = body.as_request()
         check_request(request)
         _refuse_unheld_state(request)
+        request = await self._resolved_references(request, tenant)
         history = await self._history(request, tenant)
-        _, dialect = await self._served(request.model)
+        registration, dialect = await self._served(request.model)
+        if request.truncation == "auto":
+            prompt, _ = await self._render_to_fit(dialect, request, int(time.time()), history, tenant, registration)
+        else:  # counted, however long
+            prompt = await self._render(dialect, request, int(time.time()), history, tenant)
+        return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
+
+    async def _render_to_fit(
+        self, dialect: Dialect, request: CreateResponseRequest, created_at: int, history: list[dict[str, Any]],
+        tenant: str, registration: WorkerRegistration,
+    ) -> tuple[RenderedPrompt, int]:
+        """The prompt, checked against the model's context, and how many items it leaves
+        out. With ``truncation: "auto"``, a prompt that does not fit leaves out the fewest
+        oldest turns that make it fit (``services/api/truncation.py``); the request is
+        recorded as sent."""
+        prompt = await self._render(dialect, request, created_at, history, tenant)
+        fits = len(prompt.token_ids) < registration.context_tokens
+        if fits or request.truncation != "auto":
+            _check_context(prompt, registration)
+            return prompt, 0
+        whole = Conversation(history, list(request.input) if isinstance(request.input, list) else [
+            {"type": "message", "role": "user", "content": request.input}])
+        best: tuple[RenderedPrompt, int] | None = None
+        # Fewer turns left out never makes a prompt shorter: the fewest that fit are found
+        # by bisection, each render mostly reusing the messages rendered before.
+        low, high = 1, len(turn_starts(whole.items))
+        while low <= high:
+            turns = (low + high) // 2
+            kept, left_out = without_oldest_turns(whole, turns)
+            shorter = request.model_copy(update={"input": kept.input})
+            candidate = await self._render(dialect, shorter, created_at, kept.history, tenant)
+            if len(candidate.token_ids) < registration.context_tokens:
+                best, high = (candidate, left_out), turns - 1
+            else:
+                low = turns + 1
+        if best is None:
+            _check_context(prompt, registration)  # even the last turn alone does not fit
+        assert best is not None
+        return best
+
+    async def _render(self, dialect: Dialect, request: CreateResponseRequest, created_at: int,
+                      history: list[dict[str, Any]], tenant: str) -> RenderedPrompt:
+        """The prompt, with the reasoning that input items carry sealed opened first."""
+        opened = await self._opened_reasoning(request, tenant)
         try:
-            prompt = await self._renderer.render(dialect, request, int(time.time()), history, reuse_scope=tenant)
+            return await self._renderer.render(dialect, opened, created_at, history, reuse_scope=tenant)
         except RenderFailed as exc:
             raise ApiError(400, str(exc), param=exc.param or "input", code="invalid_value") from exc
-        return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
+
+    async def _resolved_references(self, request: CreateResponseRequest, tenant: str) -> CreateResponseRequest:
+        """``request`` with each ``item_reference`` input item replaced by the stored item
+        it names (as it is then recorded, so that later turns need no lookup)."""
+        if not isinstance(request.input, list):
+            return request
+        wanted = {index: item.get("id") for index, item in enumerate(request.input)
+                  if isinstance(item, dict) and item.get("type") == "item_reference"}
+        if not wanted:
+            return request
+        for index, item_id in wanted.items():
+            if not isinstance(item_id, str) or not is_id(item_id):
+                raise ApiError(400, "An item_reference needs the id of a stored item.", param=f"input[{index}].id",
+                               code="invalid_value")
+        found = await self._store.items_by_id(tenant, sorted({str(item_id) for item_id in wanted.values()}))
+        items = list(request.input)
+        for index, item_id in wanted.items():
+            if item_id not in found:
+                raise ApiError(400, f"Item with id '{item_id}' not found.", param=f"input[{index}].id",
+                               code="invalid_value")
+            items[index] = found[str(item_id)]
+        return request.model_copy(update={"input": items})
+
+    async def _opened_reasoning(self, request: CreateResponseRequest, tenant: str) -> CreateResponseRequest:
+        """``request`` with each reasoning input item that carries ``encrypted_content``
+        holding its text (the items as sent are what is recorded); a blob that does not
+        open is a 400."""
+        if not isinstance(request.input, list) or not any(
+                isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content")
+                for item in request.input):
+            return request
+        items = list(request.input)
+        for index, item in enumerate(items):
+            blob = item.get("encrypted_content") if isinstance(item, dict) and item.get("type") == "reasoning" \
+                else None
+            if not blob:
+                continue
+            param = f"input[{index}].encrypted_content"
+            if not isinstance(blob, str):
+                raise ApiError(400, "encrypted_content must be a string.", param=param, code="invalid_value")
+            try:
+                seal = await self._reasoning_keys.holding(key_id_of(blob))
+                text = seal.open(blob, tenant=tenant)
+            except SealError as exc:
+                raise ApiError(400, f"The reasoning item's {exc}.", param=param,
+                               code="invalid_encrypted_content") from exc
+            items[index] = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        return request.model_copy(update={"input": items})
 
     def models(self) -> dict[str, Any]:
         """The models live workers serve, as OpenAI lists models."""

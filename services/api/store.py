@@ -145,6 +145,15 @@ class ResponseStore:
             for r in rows
         ]
 
+    async def items_by_id(self, tenant_id: str, item_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The tenant's stored items (output items of its stored responses, then input
+        items) with these ids, by id."""
+        rows = await self._pool.fetch(_ITEMS_BY_ID, tenant_id, item_ids)
+        found: dict[str, dict[str, Any]] = {}
+        for item_id, item, _ in rows:
+            found.setdefault(item_id, orjson.loads(item))
+        return found
+
     async def input_items_of(self, response_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
         rows = await self._pool.fetch(
             "SELECT response_id, item::text FROM response_input_items WHERE response_id = ANY($1::text[])"
@@ -243,4 +252,21 @@ WITH new_responses AS (
 )
 INSERT INTO response_events (response_id, seq, type, payload)
 SELECT * FROM unnest($15::text[], $16::int[], $17::text[], $18::text[])
+"""
+
+
+# Output items first: an id an item was given by this server names it before an input
+# item a client happened to give the same id.
+_ITEMS_BY_ID = """
+SELECT o.item_id, item::text, 0 AS rank
+FROM response_output_items AS o
+JOIN responses AS r ON r.id = o.response_id AND r.tenant_id = $1 AND r.store,
+     json_array_elements(r.snapshot::json -> 'output') AS item
+WHERE o.item_id = ANY($2::text[]) AND item->>'id' = o.item_id
+UNION ALL
+SELECT i.item_id, i.item::text, 1 AS rank
+FROM response_input_items AS i
+JOIN responses AS r ON r.id = i.response_id AND r.tenant_id = $1 AND r.store
+WHERE i.item_id = ANY($2::text[])
+ORDER BY rank
 """

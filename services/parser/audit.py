@@ -12,6 +12,7 @@ import asyncpg
 
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
+from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import ResponseState
 
@@ -39,7 +40,10 @@ async def audit(pool: asyncpg.Pool, response_id: str, restore: bool = False) -> 
     record = await log.load(response_id)
     if record is None:
         raise LookupError(f"no response {response_id}")
-    state = ResponseState(response_id, record.base_snapshot, ParseContext.model_validate(record.parse_context))
+    context = ParseContext.model_validate(record.parse_context)
+    sealing = context.reasoning_sealing
+    seal = await ReasoningKeys(pool).holding(sealing.key_id) if sealing is not None else None
+    state = ResponseState(response_id, record.base_snapshot, context, seal=seal)
     reparsed: list[LoggedEvent] = []
     for message in record.consumed:
         applied = state.apply(message)

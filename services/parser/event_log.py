@@ -105,7 +105,11 @@ class EventLog:
             for w in writes
             if w.final_snapshot is not None
         ]
-        columns = (*unnest_columns(events, 4), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5))
+        # Output items by id, for item_reference (migration 0007).
+        items = [(item["id"], w.response_id) for w in writes if w.final_snapshot is not None
+                 for item in w.final_snapshot.get("output", []) if isinstance(item.get("id"), str)]
+        columns = (*unnest_columns(events, 4), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5),
+                   *unnest_columns(items, 2))
         try:
             await self._pool.execute(_COMMIT, *columns)
         except asyncpg.UniqueViolationError:
@@ -144,6 +148,10 @@ WITH new_events AS (
     FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[])
          AS f(id, status, snapshot, usage, error)
     WHERE r.id = f.id
+), indexed_items AS (
+    INSERT INTO response_output_items (item_id, response_id)
+    SELECT * FROM unnest($17::text[], $18::text[])
+    {on_conflict}
 )
 SELECT 1
 """

@@ -17,6 +17,8 @@ from steno.schemas.responses import LOG_FORMAT_PART_LOGPROBS, ParseContext
 from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG, TOOL_SEARCH
 
 Emit = Callable[[EventType, dict[str, Any]], None]
+# (reasoning text, item id) -> the text sealed (services/common/reasoning_seal.py).
+ReasoningSealer = Callable[[str, str], str]
 
 # Server labels for built-in tools reported as MCP calls (vLLM's convention).
 _BUILTIN_SERVER_LABELS = {"python": "code_interpreter", "container": "container", "browser": "web_search_preview"}
@@ -90,9 +92,16 @@ class ReasoningItem(_TextPartItem):
     delta_type = "response.reasoning_text.delta"
     done_type = "response.reasoning_text.done"
 
-    def __init__(self, response_id: str, output_index: int) -> None:
+    def __init__(self, response_id: str, output_index: int, seal: ReasoningSealer | None = None) -> None:
+        """``seal``: the item carries its text sealed as ``encrypted_content`` too."""
         super().__init__(response_id, output_index)
+        self._seal = seal
         self.item = {"id": self.id, "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
+
+    def close(self, emit: Emit, status: str) -> None:
+        if self._seal is not None:
+            self.item["encrypted_content"] = self._seal(self.full_text, self.id)
+        super().close(emit, status)
 
 
 class MessageItem(_TextPartItem):
@@ -337,7 +346,8 @@ class ToolSearchCallItem(OutputItem):
 
 
 def classify(
-    response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext
+    response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext,
+    seal_reasoning: ReasoningSealer | None = None,
 ) -> OutputItem:
     """Which output item a message becomes."""
     if recipient:
@@ -355,7 +365,7 @@ def classify(
         if recipient not in ("assistant", "user", "all"):
             return McpCallItem(response_id, output_index, recipient)
     if channel == "analysis":
-        return ReasoningItem(response_id, output_index)
+        return ReasoningItem(response_id, output_index, seal_reasoning)
     # Preambles (commentary without a recipient) are user-visible text, as is text on
     # a channel the model made up.
     phase = "commentary" if channel == "commentary" else "final_answer"

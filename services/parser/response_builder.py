@@ -22,7 +22,7 @@ from steno.schemas.events import (
 )
 from steno.schemas.responses import ParseContext
 from steno.services.dialects import Fragment, MalformedOutput, MessageEnded, MessageStarted, TextDelta
-from steno.services.parser.items import MessageItem, OutputItem, classify
+from steno.services.parser.items import MessageItem, OutputItem, ReasoningSealer, classify
 
 TokenDecoder = Callable[[int], str]
 
@@ -35,8 +35,10 @@ class ResponseBuilder:
         context: ParseContext,
         decode_token: TokenDecoder | None = None,
         first_seq: int = 1,
+        seal_reasoning: ReasoningSealer | None = None,
     ) -> None:
         self.response_id = response_id
+        self._seal_reasoning = seal_reasoning
         self._base = base_snapshot
         self._context = context
         self._decode_token = decode_token or str
@@ -140,7 +142,8 @@ class ResponseBuilder:
     def _open_item(self, started: MessageStarted) -> None:
         if self._open is not None:
             self._close_item("completed")
-        item = classify(self.response_id, len(self._items), started.channel, started.recipient, self._context)
+        item = classify(self.response_id, len(self._items), started.channel, started.recipient, self._context,
+                        self._seal_reasoning)
         self._items.append(item)
         self._open = item
         item.open(self._emit)

@@ -9,13 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStreamMessage, TokenStreamOrder
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
+from steno.services.common.reasoning_seal import ReasoningSeal
 from steno.services.dialects import dialect_named
 from steno.services.parser.response_builder import ResponseBuilder
+
+
+def _seal_for(seal: ReasoningSeal, key_id: str, tenant: str, text: str, item_id: str) -> str:
+    return seal.seal(text, tenant=tenant, item_id=item_id, key_id=key_id)
 
 
 class OutOfOrder(Exception):
@@ -33,13 +39,21 @@ class Applied:
 
 class ResponseState:
     def __init__(self, response_id: str, base_snapshot: dict[str, Any], context: ParseContext,
-                 clock: Callable[[], float] = time.time) -> None:
-        """``clock`` dates the ends the parser records itself (a failure)."""
+                 clock: Callable[[], float] = time.time, seal: ReasoningSeal | None = None) -> None:
+        """``clock`` dates the ends the parser records itself (a failure). ``seal``: the
+        keys that seal reasoning, for a response whose reasoning is sealed; one that
+        asks for a key they do not hold fails at its first batch."""
         self.response_id = response_id
         self._clock = clock
         dialect = dialect_named(context.dialect)
         self._splitter = dialect.splitter(context)
-        self._builder = ResponseBuilder(response_id, base_snapshot, context, dialect.token_text)
+        sealing = context.reasoning_sealing
+        sealer = None
+        self._unsealable = sealing is not None and (seal is None or not seal.knows(sealing.key_id))
+        if sealing is not None and seal is not None and not self._unsealable:
+            sealer = partial(_seal_for, seal, sealing.key_id, sealing.tenant)
+        self._builder = ResponseBuilder(response_id, base_snapshot, context, dialect.token_text,
+                                        seal_reasoning=sealer)
         self._context = context
         self._order = TokenStreamOrder()
         self._started = False
@@ -113,6 +127,10 @@ class ResponseState:
                 f"{self._order.output_tokens} had been published: the output cannot be continued.",
                 attempt=batch.attempt,
             ))
+        if self._unsealable:
+            return self.apply_end(self.failure(
+                "The key that seals this response's reasoning (include reasoning.encrypted_content) "
+                "is not held by this server any more."))
         events = self._start_events()
         if not batch.token_ids:
             # The worker's keepalive after a long silence: say the response is alive.

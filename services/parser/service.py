@@ -23,6 +23,7 @@ from steno.schemas.responses import ParseContext
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
+from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.leases import PartitionLeases
@@ -55,6 +56,7 @@ class ParserService:
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
         self._leases = PartitionLeases(self._js, names, instance_id)
         self._consumers: dict[int, asyncio.Task] = {}
+        self._reasoning_keys = ReasoningKeys(pool)
 
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
@@ -125,7 +127,7 @@ class ParserService:
             if state is not None:
                 self._states.move_to_end(response_id)
             elif (seed := _fresh_seed(first) if first is not None else None) is not None:
-                state = self._keep(response_id, seed.base_snapshot, seed.parse_context, [])
+                state = await self._keep(response_id, seed.base_snapshot, seed.parse_context, [])
             else:
                 to_read.append(response_id)
             states[response_id] = state
@@ -134,13 +136,16 @@ class ParserService:
             for response_id in to_read:
                 record = records.get(response_id)
                 if record is not None:
-                    states[response_id] = self._keep(response_id, record.base_snapshot, record.parse_context,
-                                                     record.consumed)
+                    states[response_id] = await self._keep(response_id, record.base_snapshot,
+                                                           record.parse_context, record.consumed)
         return states
 
-    def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
-              consumed: list[TokenStreamMessage]) -> ResponseState:
-        state = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context))
+    async def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
+                    consumed: list[TokenStreamMessage]) -> ResponseState:
+        context = ParseContext.model_validate(parse_context)
+        sealing = context.reasoning_sealing
+        seal = await self._reasoning_keys.holding(sealing.key_id) if sealing is not None else None
+        state = ResponseState(response_id, base_snapshot, context, seal=seal)
         for message in consumed:
             state.apply(message)
         self._states[response_id] = state

@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses import Response
 from pydantic import BaseModel, Field
 
-from tests.conftest import SLOW_MODEL
+from tests.conftest import SLOW_MODEL, SMALL_CONTEXT_TOKENS, SMALL_MODEL
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +89,56 @@ def test_structured_output_parses_as_the_sdk_asks(client):
     assert isinstance(parsed.output_parsed, Trip)
     assert parsed.output_parsed.city.endswith("Two nights in Rome") and parsed.output_parsed.nights >= 1
     assert parsed.text.format.type == "json_schema"
+
+
+def test_item_references_are_resolved_from_the_tenants_stored_items(client, other_tenant):
+    first = client.responses.create(model=MODEL, input="Paris", tools=[WEATHER])
+    asked = client.responses.input_items.list(first.id).data[0]
+    reasoning, call = first.output[0], first.output[-1]
+    follow = [{"type": "item_reference", "id": item_id} for item_id in (asked.id, reasoning.id, call.id)]
+    follow.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"})
+    answer = client.responses.create(model=MODEL, input=follow, tools=[WEATHER])
+    assert answer.output_text.endswith("the tool returned sunny, 21C")
+    listed = client.responses.input_items.list(answer.id, order="asc").data
+    assert [item.type for item in listed] == ["message", "reasoning", "function_call", "function_call_output"]
+    assert listed[2].call_id == call.call_id and listed[1].content[0].text == reasoning.content[0].text
+    unstored = client.responses.create(model=MODEL, input="Paris", tools=[WEATHER], store=False)
+    for missing, who in ((unstored.output[0].id, client), (reasoning.id, other_tenant), ("msg_nothing", client)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            who.responses.create(model=MODEL, input=[{"type": "item_reference", "id": missing}])
+        assert refused.value.param == "input[0].id" and "not found" in refused.value.message
+
+
+def long_conversation(turns: int) -> list[dict]:
+    items = []
+    for turn in range(turns):
+        items += [{"role": "user", "content": f"Question {turn}: " + "tell me more " * 20},
+                  {"role": "assistant", "content": f"Answer {turn}: " + "here is more " * 20}]
+    return [*items, {"role": "user", "content": "And the last question?"}]
+
+
+def test_truncation_auto_leaves_out_the_oldest_turns_and_says_so(client):
+    conversation = long_conversation(12)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=SMALL_MODEL, input=conversation)
+    assert refused.value.code == "context_length_exceeded"
+    done = client.responses.create(model=SMALL_MODEL, input=conversation, truncation="auto")
+    assert done.status == "completed" and done.truncation == "auto"
+    assert done.output_text == "Steno simulator reply: And the last question?"
+    left_out = done.model_extra["truncated_items"]
+    assert left_out % 2 == 0 and 0 < left_out < len(conversation)  # whole turns
+    counted = client.responses.input_tokens.count(model=SMALL_MODEL, input=conversation, truncation="auto")
+    assert counted.input_tokens < SMALL_CONTEXT_TOKENS <= client.responses.input_tokens.count(
+        model=SMALL_MODEL, input=conversation[:1] * 40).input_tokens
+    assert len(client.responses.input_items.list(done.id, limit=100).data) == len(conversation)  # as sent
+    # Continuing the chain keeps fitting, its history truncated the same way.
+    following = client.responses.create(model=SMALL_MODEL, input="One more?", previous_response_id=done.id,
+                                        truncation="auto")
+    assert following.output_text == "Steno simulator reply: One more?"
+    assert "truncated_items" not in client.responses.create(model=SMALL_MODEL, input="short").model_extra
+
+
+def test_a_last_turn_too_long_for_the_context_is_refused_even_with_truncation(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=SMALL_MODEL, input="word " * 2000, truncation="auto")
+    assert refused.value.code == "context_length_exceeded"

@@ -5,7 +5,8 @@ import pytest
 
 from steno.schemas.bus import GenerationEnded, TokenBatch
 from steno.schemas.fold import fold
-from steno.schemas.responses import ParseContext
+from steno.schemas.responses import ParseContext, ReasoningSealing
+from steno.services.common.reasoning_seal import ReasoningSeal, SealingKey
 from steno.services.parser.response_state import OutOfOrder, ResponseState
 from tests.events_oracle import validate_events, validate_response
 from tests.harmony_samples import assistant, completion, encoding
@@ -145,3 +146,29 @@ def test_a_last_batch_carrying_its_end_is_the_batch_then_the_end():
     carried = [event for batch in sent for event in state.apply(batch).events]
     assert [e.payload for e in carried] == [e.payload for e in separate]
     assert state.finished and state.apply(sent[-1]) is None  # redelivered: a duplicate
+
+
+SEAL = ReasoningSeal([SealingKey("k1", bytes(32))])
+SEALED = ParseContext(reasoning_sealing=ReasoningSealing(key_id="k1", tenant="acme"))
+
+
+def test_sealed_reasoning_carries_its_text_as_encrypted_content_that_opens_for_its_tenant():
+    tokens = completion([assistant("analysis", "Secret plan."), assistant("final", "Hi.")])
+    state, events = run(tokens, [3] * 20, context=SEALED, seal=SEAL)
+    reasoning = validate_response(state.final_snapshot).output[0]
+    assert SEAL.open(reasoning.encrypted_content, tenant="acme") == "Secret plan."
+    done = [p["item"] for p in payloads(events) if p["type"] == "response.output_item.done"]
+    assert done[0]["encrypted_content"] == reasoning.encrypted_content
+    again, _ = run(tokens, [1] * 40, context=SEALED, seal=SEAL)
+    assert again.final_snapshot["output"] == state.final_snapshot["output"]  # re-parsed: the same blob
+    unsealed, _ = run(tokens, [3] * 20)
+    assert "encrypted_content" not in unsealed.final_snapshot["output"][0]
+
+
+def test_a_response_sealed_with_a_key_no_longer_held_fails_visibly():
+    tokens = completion([assistant("analysis", "Secret plan."), assistant("final", "Hi.")])
+    state = ResponseState(RID, BASE, SEALED, seal=ReasoningSeal([SealingKey("k2", bytes(32))]))
+    applied = state.apply_batch(batches(tokens, [len(tokens)])[0])
+    assert state.finished and applied.events[-1].type == "response.failed"
+    assert "not held" in validate_response(state.final_snapshot).error.message
+    assert not any("Secret" in e.payload for e in applied.events)
