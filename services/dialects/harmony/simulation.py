@@ -16,7 +16,7 @@ from steno.services.dialects.tools import grammar_in
 START, END, MESSAGE, RETURN, CALL = "<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>"
 # A function as Harmony declares it: its description's comment lines, its name, and the
 # TypeScript type of its one argument (up to the line that closes the declaration).
-_DECLARATION = re.compile(r"((?:^//.*\n)*)^type ([\w.-]+) = \((?:_: )?(.*?)\) => any;$", re.S | re.M)
+_DECLARATION = re.compile(r"((?:^//[^\n]*\n)*)^type ([\w.-]+) = \((?:_: )?(.*?)\) => any;$", re.S | re.M)
 _TYPE_TOKEN = re.compile(r'\s*(//[^\n]*|"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|[\w$]+|\[\]|\S)')
 _NAMED_TYPES = {"string": "string", "number": "number", "boolean": "boolean", "null": "null"}
 

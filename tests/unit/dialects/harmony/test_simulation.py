@@ -95,3 +95,15 @@ def test_written_completions_split_back_into_the_same_messages():
 def test_a_completion_that_answers_returns():
     tokens = harmony().write_completion([CompletionMessage("final", "Done.")])
     assert encoding().decode([tokens[-1]]) == "<|return|>"
+
+
+def test_every_described_tool_is_read_each_with_its_own_description():
+    grammar = 'start: "x"'
+    patch = {"type": "custom", "name": "apply_patch", "description": "Patches.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": grammar}}
+    shell = {"type": "function", "name": "shell", "description": "Runs a command.\nCarefully.",
+             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+    read = facts(input="x", tools=[WEATHER, patch, shell]).functions
+    assert sorted(read) == ["apply_patch", "get_weather", "shell"]
+    assert read["apply_patch"].grammar == Grammar("lark", grammar)
+    assert read["shell"].grammar is None and read["shell"].parameters["required"] == ["cmd"]
