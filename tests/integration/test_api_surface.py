@@ -1,6 +1,9 @@
 """Routes and semantics of the Responses API, with the SDK against the real stack."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -349,10 +352,30 @@ def test_concurrent_streams_are_each_gapless(stack):
     assert texts == [f"Steno simulator reply: stream {i}" for i in range(20)]
 
 
+def readme_python_examples() -> list[str]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+
+
+def test_the_readmes_client_library_examples_run_as_written(stack, tmp_path):
+    """Every Python example after the first (the agent clients), each in a process of its
+    own as a user would run it, against this stack."""
+    examples = readme_python_examples()[1:]
+    assert examples
+    for number, example in enumerate(examples):
+        assert '"http://127.0.0.1:8080/v1"' in example and 'api_key="unused"' in example
+        script = tmp_path / f"example_{number}.py"
+        script.write_text(example.replace('"http://127.0.0.1:8080/v1"', f'"{stack.base_url}"')
+                          .replace('api_key="unused"', f'api_key="{stack.keys["a"]}"'))
+        ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "Steno simulator reply" in ran.stdout, ran.stdout
+
+
 def test_the_readmes_sdk_example_runs_as_written(stack, capsys):
     """README's "Using it" example, against this stack (its URL and key swapped in)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    example = readme_python_examples()[0]
     assert 'base_url="http://127.0.0.1:8080/v1", api_key="unused"' in example
     example = example.replace('base_url="http://127.0.0.1:8080/v1", api_key="unused"',
                               f'base_url="{stack.base_url}", api_key="{stack.keys["a"]}"')
