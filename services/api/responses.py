@@ -38,7 +38,7 @@ from steno.services.api.models import ModelDirectory
 from steno.services.api.rendering import PromptRenderer, RenderFailed
 from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_items, plan_response
 from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
-from steno.services.api.truncation import Conversation, turn_starts, without_oldest_turns
+from steno.services.api.truncation import Conversation, TurnSearch, without_oldest_turns
 from steno.services.common.bus import Names
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.reasoning_seal import SealError, key_id_of
@@ -208,18 +208,16 @@ class ResponsesService:
         whole = Conversation(history, list(request.input) if isinstance(request.input, list) else [
             {"type": "message", "role": "user", "content": request.input}])
         best: tuple[RenderedPrompt, int] | None = None
-        # Fewer turns left out never makes a prompt shorter: the fewest that fit are found
-        # by bisection, each render mostly reusing the messages rendered before.
-        low, high = 1, len(turn_starts(whole.items))
-        while low <= high:
-            turns = (low + high) // 2
+        # Each render mostly reuses the messages rendered before.
+        search = TurnSearch(whole)
+        while (turns := search.next_try()) is not None:
             kept, left_out = without_oldest_turns(whole, turns)
             shorter = request.model_copy(update={"input": kept.input})
             candidate = await self._render(dialect, shorter, created_at, kept.history, tenant)
-            if len(candidate.token_ids) < registration.context_tokens:
-                best, high = (candidate, left_out), turns - 1
-            else:
-                low = turns + 1
+            fits = len(candidate.token_ids) < registration.context_tokens
+            search.tried(turns, fits)
+            if fits:
+                best = (candidate, left_out)
         if best is None:
             _check_context(prompt, registration)  # even the last turn alone does not fit
         assert best is not None

@@ -67,3 +67,22 @@ def without_oldest_turns(conversation: Conversation, turns: int) -> tuple[Conver
     instructions = [item for item in dropped if _is_instruction(item)]
     kept = Conversation([], instructions + conversation.input[cut - from_history:])
     return kept, cut - len(instructions)
+
+
+class TurnSearch:
+    """The fewest oldest turns to leave out for a prompt to fit, by bisection: leaving out
+    fewer never makes a prompt shorter."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self._low, self._high = 1, len(turn_starts(conversation.items))
+        self.fewest: int | None = None
+
+    def next_try(self) -> int | None:
+        """How many turns to try leaving out next; None once the search is over."""
+        return (self._low + self._high) // 2 if self._low <= self._high else None
+
+    def tried(self, turns: int, fits: bool) -> None:
+        if fits:
+            self.fewest, self._high = turns, turns - 1
+        else:
+            self._low = turns + 1

@@ -1,6 +1,6 @@
 import pytest
 
-from steno.services.api.truncation import Conversation, turn_starts, without_oldest_turns
+from steno.services.api.truncation import Conversation, TurnSearch, turn_starts, without_oldest_turns
 
 
 def user(text):
@@ -42,3 +42,14 @@ def test_the_last_turn_is_never_left_out():
     assert turn_starts(whole.items) == []
     with pytest.raises(IndexError):
         without_oldest_turns(whole, 1)
+
+
+@pytest.mark.parametrize("needed", [0, 1, 2, 5, 9, 10, 11])
+def test_the_search_finds_the_fewest_turns_that_fit(needed):
+    whole = Conversation([], [item for turn in range(11) for item in (user(str(turn)), ANSWER)])
+    search, tries = TurnSearch(whole), 0
+    while (turns := search.next_try()) is not None:
+        search.tried(turns, turns >= needed)
+        tries += 1
+    assert search.fewest == (max(needed, 1) if needed <= 10 else None)
+    assert tries <= 4  # log2 of the 10 turns that can be left out
