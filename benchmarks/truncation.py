@@ -30,11 +30,12 @@ def conversation(turns: int) -> list[dict[str, Any]]:
 def fit_once(turns: int, context: int) -> tuple[int, float, int, float, int]:
     """(whole prompt tokens, its render ms, fitting renders, fitting ms, turns left out)."""
     dialect = HarmonyDialect(harmony_encoding())
-    request = CreateResponseRequest(model="m", input=conversation(turns), truncation="auto")
+    said = conversation(turns)
+    request = CreateResponseRequest(model="m", input=said, truncation="auto")
     started = time.perf_counter()
     whole = dialect.render(request, 0, reuse_scope="bench")
     rendered = time.perf_counter()
-    items = Conversation([], list(request.input))
+    items = Conversation([], said)
     search, renders = TurnSearch(items), 0
     while (tried := search.next_try()) is not None:
         kept, _ = without_oldest_turns(items, tried)
