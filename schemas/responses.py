@@ -33,6 +33,9 @@ class ParseContext(BaseModel):
     namespaces: list[str] = []
     # Whether a client-executed tool search was offered (as the function "tool_search").
     tool_search: bool = False
+    # The built-in tools the client runs that were offered, as functions of these names:
+    # "shell", "local_shell", "apply_patch".
+    client_tools: list[str] = []
     # The model's format (``services/dialects``); contexts recorded before there was a
     # choice are Harmony's.
     dialect: str = "harmony"

@@ -13,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from steno.services.dialects.tools import answered_call_id
+
 _CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output",
-          "tool_search_call": "tool_search_output"}
+          "tool_search_call": "tool_search_output", "shell_call": "shell_call_output",
+          "local_shell_call": "local_shell_call_output", "apply_patch_call": "apply_patch_call_output"}
 _OUTPUTS = frozenset(_CALLS.values())
 
 
@@ -48,7 +51,7 @@ def turn_starts(items: Sequence[Any]) -> list[int]:
         if kind in _CALLS:
             open_calls.add(str(item.get("call_id")))
         elif kind in _OUTPUTS:
-            open_calls.discard(str(item.get("call_id")))
+            open_calls.discard(str(answered_call_id(item)))
         elif index > 0 and _is_user_message(item) and not open_calls:
             starts.append(index)
     return starts

@@ -4,10 +4,11 @@ Function and custom tools are offered under qualified names: a top-level tool by
 name, a namespaced one as ``namespace.name`` (a namespace named ``functions`` holds
 top-level tools). A custom (freeform) tool is offered as a function of one string
 parameter, ``input``; the parser unwraps it. A client-executed ``tool_search`` is
-offered as a function too. Built-in tools that run on the server (web search, code
-interpreter, file search, ...) are accepted but not offered: this server does not run
-them, and a call that nobody runs must not end a response. ``tool_choice`` narrows what
-is offered and may add an instruction."""
+offered as a function too, as are the built-in tools a client runs (shell, local_shell,
+apply_patch), whose calls the parser reports as the SDK's call items. Built-in tools
+that run on the server (web search, code interpreter, file search, ...) are accepted
+but not offered: this server does not run them, and a call that nobody runs must not end
+a response. ``tool_choice`` narrows what is offered and may add an instruction."""
 
 from __future__ import annotations
 
@@ -35,9 +36,47 @@ TOP_LEVEL_NAMESPACE = "functions"
 # Tools of the SDK that run on the server: accepted, not offered (see the docstring).
 SERVER_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "code_interpreter",
-    "file_search", "image_generation", "mcp", "computer", "computer_use_preview", "local_shell", "shell",
-    "apply_patch", "programmatic_tool_calling",
+    "file_search", "image_generation", "mcp", "computer", "computer_use_preview", "programmatic_tool_calling",
 })
+_COMMAND_LIMITS = {
+    "timeout_ms": {"type": "integer", "description": "Stop the command after this many milliseconds."},
+}
+# Built-in tools the client runs (the SDK's shell, local_shell and apply_patch): offered as
+# functions of their own names, their calls reported as the SDK's call items (shell_call,
+# local_shell_call, apply_patch_call). A shell in a hosted container runs on the server:
+# accepted, not offered.
+CLIENT_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "shell": ("Runs shell commands on the user's machine, one after another, and returns what each printed.", {
+        "type": "object",
+        "properties": {
+            "commands": {"type": "array", "items": {"type": "string"}, "description": "The commands, in order."},
+            **_COMMAND_LIMITS,
+            "max_output_length": {"type": "integer", "description": "Keep at most this many characters of output."},
+        },
+        "required": ["commands"],
+    }),
+    "local_shell": ("Runs one command on the user's machine and returns what it printed.", {
+        "type": "object",
+        "properties": {
+            "command": {"type": "array", "items": {"type": "string"}, "description": "The program and its arguments."},
+            "working_directory": {"type": "string"},
+            **_COMMAND_LIMITS,
+            "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "required": ["command"],
+    }),
+    "apply_patch": ("Creates, updates or deletes one file on the user's machine. For create_file, diff is the "
+                    "new file's lines, each starting with '+'; for update_file, a diff of '@@' context lines and "
+                    "lines starting with ' ', '-' or '+'; delete_file takes no diff.", {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string", "enum": ["create_file", "update_file", "delete_file"]},
+            "path": {"type": "string", "description": "The file, relative to the working directory."},
+            "diff": {"type": "string"},
+        },
+        "required": ["type", "path"],
+    }),
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +94,8 @@ class ToolCatalog:
     custom: set[str] = field(default_factory=set)
     namespaces: set[str] = field(default_factory=set)
     tool_search: bool = False
+    # The client-run built-in tools offered (CLIENT_TOOLS), by name.
+    client_tools: set[str] = field(default_factory=set)
     # Bare name -> the qualified names of the namespaced tools that have it.
     namespaced_by_bare: dict[str, list[str]] = field(default_factory=dict)
 
@@ -78,6 +119,7 @@ class ToolCatalog:
             custom_tools=sorted(self.custom),
             namespaces=sorted(self.namespaces),
             tool_search=self.tool_search,
+            client_tools=sorted(self.client_tools),
             dialect=dialect,
         )
 
@@ -91,6 +133,8 @@ class ToolCatalog:
             self.custom.add(qualified_name)
         if qualified_name == TOOL_SEARCH:
             self.tool_search = source.tool_search
+        if qualified_name in source.client_tools:
+            self.client_tools.add(qualified_name)
 
     def declare(self, tool: FunctionTool, param: str, custom: bool = False) -> None:
         """Adds a tool; one declared again must be declared the same."""
@@ -170,6 +214,16 @@ def _add_tool_search(catalog: ToolCatalog, tool: dict[str, Any], param: str) -> 
     catalog.tool_search = True
 
 
+def answered_call_id(output_item: dict[str, Any]) -> Any:
+    """The call id a tool output item answers (a local_shell output names it ``id``)."""
+    return output_item.get("id" if output_item.get("type") == "local_shell_call_output" else "call_id")
+
+
+def _runs_on_client(tool: dict[str, Any]) -> bool:
+    environment = tool.get("environment")
+    return not isinstance(environment, dict) or environment.get("type") in (None, "local")
+
+
 def tool_catalog(tools: Iterable[tuple[str, dict[str, Any]]]) -> ToolCatalog:
     """The catalog of ``tools``: (param naming where each was declared, tool)."""
     catalog = ToolCatalog()
@@ -195,6 +249,11 @@ def tool_catalog(tools: Iterable[tuple[str, dict[str, Any]]]) -> ToolCatalog:
                 _add_callable(catalog, inner_tool, f"{param}.tools[{inner_index}]", None if top_level else namespace)
         elif kind == "tool_search" and tool.get("execution", "server") == "client":
             _add_tool_search(catalog, tool, param)
+        elif kind in CLIENT_TOOLS:
+            if _runs_on_client(tool):
+                description, parameters = CLIENT_TOOLS[kind]
+                catalog.declare(FunctionTool(kind, description, parameters), param)
+                catalog.client_tools.add(kind)
         elif kind not in SERVER_TOOLS and kind != "tool_search":
             raise InvalidInput(f"unsupported tool type {kind!r}", f"{param}.type")
     return catalog
@@ -239,14 +298,21 @@ def apply_tool_choice(catalog: ToolCatalog, choice: str | dict[str, Any]) -> tup
                 raise InvalidInput("an allowed tool must be an object", f"tool_choice.tools[{index}]")
             if tool.get("type") == "tool_search" and catalog.tool_search:
                 allowed.offer(TOOL_SEARCH, catalog)
-            elif tool.get("type") not in SERVER_TOOLS:  # built-ins are not offered anyway
+            elif tool.get("type") in catalog.client_tools:
+                allowed.offer(tool["type"], catalog)
+            elif tool.get("type") not in SERVER_TOOLS and tool.get("type") not in CLIENT_TOOLS:
+                # (built-in tools not offered are not offered here either)
                 allowed.offer(_named(catalog, tool, f"tool_choice.tools[{index}]"), catalog)
         return apply_tool_choice(allowed, "required" if choice.get("mode") == "required" else "auto")
     if kind == "tool_search" and catalog.tool_search:
         only = catalog.narrowed()
         only.offer(TOOL_SEARCH, catalog)
         return only, f"You must call the tool `{TOOL_SEARCH}`."
-    if kind in SERVER_TOOLS:
+    if kind in catalog.client_tools:
+        only = catalog.narrowed()
+        only.offer(kind, catalog)
+        return only, f"You must call the tool `{kind}`."
+    if kind in SERVER_TOOLS or kind in CLIENT_TOOLS:
         raise InvalidInput(f"tool_choice asks for the built-in tool {kind!r}, which this server does not run",
                            "tool_choice.type")
     raise InvalidInput(f"unsupported tool_choice type {kind!r}", "tool_choice.type")

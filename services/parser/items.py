@@ -345,6 +345,85 @@ class ToolSearchCallItem(OutputItem):
         super().close(emit, status)
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(part, str) for part in value)
+
+
+def _optional_int(arguments: dict[str, Any], key: str) -> int | None:
+    value = arguments.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shell_call(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    if not _strings(arguments.get("commands")):
+        return None
+    return {"type": "shell_call", "action": {
+        "commands": arguments["commands"], "timeout_ms": _optional_int(arguments, "timeout_ms"),
+        "max_output_length": _optional_int(arguments, "max_output_length")}}
+
+
+def _local_shell_call(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    env = arguments.get("env") or {}
+    if not _strings(arguments.get("command")) or not isinstance(env, dict) \
+            or not all(isinstance(value, str) for value in env.values()):
+        return None
+    directory = arguments.get("working_directory")
+    return {"type": "local_shell_call", "action": {
+        "type": "exec", "command": arguments["command"], "env": env,
+        "timeout_ms": _optional_int(arguments, "timeout_ms"), "user": None,
+        "working_directory": directory if isinstance(directory, str) else None}}
+
+
+def _apply_patch_call(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    kind, path, diff = arguments.get("type"), arguments.get("path"), arguments.get("diff")
+    if not isinstance(path, str) or not path:
+        return None
+    if kind == "delete_file":
+        return {"type": "apply_patch_call", "operation": {"type": kind, "path": path}}
+    if kind in ("create_file", "update_file") and isinstance(diff, str):
+        return {"type": "apply_patch_call", "operation": {"type": kind, "path": path, "diff": diff}}
+    return None
+
+
+# A client-run built-in tool's name -> its call item's id prefix and the call item its
+# arguments make (None for arguments that do not make one).
+_CLIENT_CALLS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any] | None]]] = {
+    "shell": ("shc", _shell_call), "local_shell": ("lsc", _local_shell_call), "apply_patch": ("apc", _apply_patch_call),
+}
+
+
+class ClientToolCallItem(OutputItem):
+    """A call of a built-in tool the client runs (``CLIENT_TOOLS`` in
+    ``services/dialects/tools.py``), reported whole as the SDK's call item once its
+    arguments are complete. Arguments that do not make one (cut short, or not as the
+    tool declares them) are reported as a function call of that name, as written, so
+    that the client sees what the model said."""
+
+    def __init__(self, response_id: str, output_index: int, name: str) -> None:
+        self.prefix, self._build = _CLIENT_CALLS[name]
+        super().__init__(response_id, output_index)
+        self._name = name
+        self._response_id = response_id
+        self.call_id = derived_id("call", response_id, output_index)
+
+    def open(self, emit: Emit) -> None:
+        pass
+
+    def close(self, emit: Emit, status: str) -> None:
+        try:
+            arguments = orjson.loads(self.full_text)
+        except orjson.JSONDecodeError:
+            arguments = None
+        built = self._build(arguments) if isinstance(arguments, dict) and status == "completed" else None
+        if built is None:
+            self.id = derived_id("fc", self._response_id, self.output_index)
+            built = {"type": "function_call", "name": self._name, "arguments": self.full_text}
+        self.item = {"id": self.id, **built, "call_id": self.call_id, "status": "in_progress"}
+        super().open(emit)
+        self.item["status"] = status
+        super().close(emit, status)
+
+
 def classify(
     response_id: str, output_index: int, channel: str | None, recipient: str | None, context: ParseContext,
     seal_reasoning: ReasoningSealer | None = None,
@@ -355,6 +434,8 @@ def classify(
         if recipient.startswith("functions.") or name in context.function_tools:
             if name == TOOL_SEARCH and context.tool_search:
                 return ToolSearchCallItem(response_id, output_index)
+            if name in context.client_tools:
+                return ClientToolCallItem(response_id, output_index, name)
             if name in context.custom_tools:
                 return CustomToolCallItem(response_id, output_index, name, context)
             return FunctionCallItem(response_id, output_index, name, context)

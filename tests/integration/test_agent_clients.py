@@ -224,6 +224,39 @@ async def test_agents_sdk_parses_a_structured_answer_into_its_output_type(agent_
     assert result.final_output.order_id == REPLY + "A-1004" and result.final_output.days >= 1
 
 
+async def test_agents_sdk_runs_its_shell_and_apply_patch_tools_for_the_model(agent_world):
+    """The SDK's own built-in tools that run on the client (``{"type": "shell"}``,
+    ``{"type": "apply_patch"}``), the simulator told which to call."""
+    agents = agent_world.agents
+    ran: list[list[str]] = []
+    edits: list[tuple[str, str, str | None]] = []
+
+    def run_commands(request: Any) -> str:
+        ran.append(list(request.data.action.commands))
+        return "steno-shell-output"
+
+    class Editor:
+        def create_file(self, operation: Any) -> str:
+            edits.append((operation.type, operation.path, operation.diff))
+            return f"created {operation.path}"
+
+        update_file = delete_file = create_file
+
+    clerk = agent_world.agent(tools=False).clone(tools=[agents.ShellTool(executor=run_commands),
+                                                        agents.ApplyPatchTool(editor=Editor())])
+    shell = await agents.Runner.run(clerk, 'steno-simulator: call shell {"commands": ["echo hi", "pwd"]}',
+                                    run_config=agent_world.run_config)
+    assert ran == [["echo hi", "pwd"]]
+    assert shell.raw_responses[0].output[-1].type == "shell_call"
+    assert shell.final_output.startswith(REPLY + "the tool returned") and "steno-shell-output" in shell.final_output
+    patch = {"type": "create_file", "path": "notes.txt", "diff": "+hello\n"}
+    patched = await agents.Runner.run(clerk, f"steno-simulator: call apply_patch {json.dumps(patch)}",
+                                      run_config=agent_world.run_config)
+    assert edits == [("create_file", "notes.txt", "+hello\n")]
+    assert patched.raw_responses[0].output[-1].type == "apply_patch_call"
+    assert "created notes.txt" in patched.final_output
+
+
 # --- LiteLLM -----------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from steno.services.dialects.tools import (
     TOOL_NAME,
     TOOL_SEARCH,
     ToolCatalog,
+    answered_call_id,
     apply_tool_choice,
     tool_catalog,
 )
@@ -197,11 +198,60 @@ def _input_messages(
             loaded = [{"name": tool.get("name"), "description": tool.get("description")}
                       for tool in _tools_of(item, param)]
             messages.append(_tool_result(call_authors[answered], orjson.dumps(loaded).decode()))
+        elif kind in _CLIENT_CALL_ARGUMENTS:
+            call_id = _required_str(item, "call_id", param)
+            name = _CLIENT_CALL_ARGUMENTS[kind][0]
+            call_authors[call_id] = f"functions.{name}"
+            arguments = _CLIENT_CALL_ARGUMENTS[kind][1](item, param)
+            messages.append(_call(f"functions.{name}", orjson.dumps(arguments).decode()))
+        elif kind in _CLIENT_CALL_OUTPUTS:
+            answered = answered_call_id(item)
+            author = call_authors.get(answered) if isinstance(answered, str) else None
+            if author is None:
+                raise InvalidInput(f"no tool call with call_id {answered!r} precedes this output", f"{param}.call_id")
+            messages.append(_tool_result(author, _CLIENT_CALL_OUTPUTS[kind](item, param)))
         elif kind == "additional_tools":
             _tools_of(item, param)  # declared with the rest (see declared_tools)
         else:
             raise InvalidInput(f"unsupported input item type {kind!r}", f"{param}.type")
     return messages
+
+
+def _object(item: dict[str, Any], key: str, param: str) -> dict[str, Any]:
+    value = item.get(key)
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{item.get('type')} items need an {key!r} object", f"{param}.{key}")
+    return value
+
+
+def _shell_arguments(item: dict[str, Any], param: str) -> dict[str, Any]:
+    action = _object(item, "action", param)
+    return {key: action[key] for key in ("commands", "timeout_ms", "max_output_length") if action.get(key) is not None}
+
+
+def _local_shell_arguments(item: dict[str, Any], param: str) -> dict[str, Any]:
+    action = _object(item, "action", param)
+    return {key: action[key] for key in ("command", "working_directory", "timeout_ms", "env")
+            if action.get(key) is not None}
+
+
+def _patch_arguments(item: dict[str, Any], param: str) -> dict[str, Any]:
+    return dict(_object(item, "operation", param))
+
+
+# A client-run built-in tool's call item -> the function it was offered as and its
+# arguments; its output item -> the result's text.
+_CLIENT_CALL_ARGUMENTS = {
+    "shell_call": ("shell", _shell_arguments),
+    "local_shell_call": ("local_shell", _local_shell_arguments),
+    "apply_patch_call": ("apply_patch", _patch_arguments),
+}
+_CLIENT_CALL_OUTPUTS = {
+    "shell_call_output": lambda item, param: orjson.dumps(item.get("output")).decode(),
+    "local_shell_call_output": lambda item, param: _optional_str(item, "output", param),
+    "apply_patch_call_output": lambda item, param: orjson.dumps(
+        {"status": item.get("status"), "output": item.get("output")}).decode(),
+}
 
 
 # The call id of a tool search a client sent without one (the SDK makes it optional).

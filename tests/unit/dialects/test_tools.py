@@ -65,7 +65,8 @@ def test_an_allowed_tool_that_is_not_an_object_is_a_clear_error():
 
 def test_built_in_tools_are_accepted_but_not_offered():
     built_ins = [{"type": kind} for kind in ("web_search", "web_search_preview", "code_interpreter", "file_search",
-                                             "image_generation", "mcp", "computer_use_preview", "local_shell")]
+                                             "image_generation", "mcp", "computer_use_preview",
+                                             "programmatic_tool_calling")]
     catalog = tool_catalog([*built_ins, SEARCH])
     assert list(catalog.functions) == ["search"]
     with pytest.raises(InvalidInput) as refused:
@@ -115,3 +116,28 @@ def test_a_grammar_it_cannot_tell_is_refused(fmt):
     with pytest.raises(InvalidInput) as refused:
         tool_catalog([{"type": "custom", "name": "spell", "format": fmt}])
     assert refused.value.param == "tools[0].format"
+
+
+@pytest.mark.parametrize("tool", [{"type": "shell"}, {"type": "shell", "environment": {"type": "local"}},
+                                  {"type": "local_shell"}, {"type": "apply_patch"}])
+def test_built_in_tools_the_client_runs_are_offered_under_their_names(tool):
+    catalog = tool_catalog([tool])
+    assert catalog.client_tools == {tool["type"]} and list(catalog.functions) == [tool["type"]]
+    assert catalog.parse_context("harmony", 0).client_tools == [tool["type"]]
+
+
+def test_a_shell_in_a_hosted_container_is_not_offered_and_cannot_be_required():
+    container = {"type": "shell", "environment": {"type": "container_auto"}}
+    assert tool_catalog([container]).functions == {}
+    with pytest.raises(InvalidInput):
+        apply_tool_choice(tool_catalog([container]), {"type": "shell"})
+
+
+def test_tool_choice_can_ask_for_a_client_run_built_in_tool():
+    catalog = tool_catalog([SEARCH, {"type": "shell"}, {"type": "apply_patch"}])
+    only, instruction = apply_tool_choice(catalog, {"type": "apply_patch"})
+    assert list(only.functions) == ["apply_patch"] and only.client_tools == {"apply_patch"}
+    assert instruction == "You must call the tool `apply_patch`."
+    allowed, _ = apply_tool_choice(catalog, {"type": "allowed_tools", "mode": "auto",
+                                             "tools": [{"type": "shell"}, {"type": "function", "name": "search"}]})
+    assert sorted(allowed.functions) == ["search", "shell"] and allowed.client_tools == {"shell"}

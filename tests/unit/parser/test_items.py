@@ -200,3 +200,39 @@ def test_a_function_named_tool_search_is_a_function_when_no_tool_search_was_offe
         context, end="<|call|>",
     )
     assert snapshot["output"][0]["type"] == "function_call"
+
+
+CLIENT_CALLS = [
+    ("shell", {"commands": ["ls -la", "pwd"], "timeout_ms": 5000},
+     {"type": "shell_call", "action": {"commands": ["ls -la", "pwd"], "timeout_ms": 5000, "max_output_length": None}}),
+    ("local_shell", {"command": ["echo", "hi"], "working_directory": "/tmp"},
+     {"type": "local_shell_call", "action": {"type": "exec", "command": ["echo", "hi"], "env": {}, "timeout_ms": None,
+                                             "user": None, "working_directory": "/tmp"}}),
+    ("apply_patch", {"type": "create_file", "path": "a.txt", "diff": "+hi\n"},
+     {"type": "apply_patch_call", "operation": {"type": "create_file", "path": "a.txt", "diff": "+hi\n"}}),
+    ("apply_patch", {"type": "delete_file", "path": "a.txt"},
+     {"type": "apply_patch_call", "operation": {"type": "delete_file", "path": "a.txt"}}),
+]
+
+
+@pytest.mark.parametrize(("name", "arguments", "expected"), CLIENT_CALLS)
+def test_calls_of_client_run_built_in_tools_are_reported_as_their_call_items(name, arguments, expected):
+    context = ParseContext(function_tools=[name], client_tools=[name])
+    snapshot, types = parse([assistant("commentary", orjson.dumps(arguments).decode(), recipient=f"functions.{name}",
+                                       content_type="json")], context, end="<|call|>")
+    (call,) = snapshot["output"]
+    assert {key: call[key] for key in expected} == expected
+    assert call["status"] == "completed" and call["call_id"].startswith("call_")
+    assert types == {"response.in_progress", "response.output_item.added", "response.output_item.done",
+                     "response.completed"}
+
+
+@pytest.mark.parametrize("arguments", ['{"commands": "ls"}', "not json", '{"type": "update_file", "path": "a"}'])
+def test_arguments_that_make_no_call_item_are_a_function_call_as_written(arguments):
+    name = "apply_patch" if "update_file" in arguments else "shell"
+    context = ParseContext(function_tools=[name], client_tools=[name])
+    snapshot, _ = parse([assistant("commentary", arguments, recipient=f"functions.{name}", content_type="json")],
+                        context, end="<|call|>")
+    (call,) = snapshot["output"]
+    assert (call["type"], call["name"], call["arguments"]) == ("function_call", name, arguments)
+    assert call["id"].startswith("fc_")

@@ -221,3 +221,35 @@ def test_a_tool_search_output_without_its_call_is_refused():
         harmony().render(CreateResponseRequest(model="m", input=[
             {"type": "tool_search_output", "call_id": "nope", "tools": []}]), 0)
     assert refused.value.param == "input[0].call_id"
+
+
+def test_calls_of_client_run_built_in_tools_and_their_outputs_render_as_calls_and_results():
+    request = CreateResponseRequest(model="m", tools=[{"type": "shell"}, {"type": "local_shell"},
+                                                      {"type": "apply_patch"}], input=[
+        {"role": "user", "content": "Tidy up."},
+        {"type": "shell_call", "call_id": "c1", "action": {"commands": ["ls"], "timeout_ms": None}},
+        {"type": "shell_call_output", "call_id": "c1",
+         "output": [{"stdout": "a.txt\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]},
+        {"type": "local_shell_call", "id": "lsh_1", "call_id": "c2", "status": "completed",
+         "action": {"type": "exec", "command": ["rm", "a.txt"], "env": {}}},
+        {"type": "local_shell_call_output", "id": "c2", "output": "removed"},
+        {"type": "apply_patch_call", "call_id": "c3", "status": "completed",
+         "operation": {"type": "create_file", "path": "b.txt", "diff": "+b\n"}},
+        {"type": "apply_patch_call_output", "call_id": "c3", "status": "completed", "output": "created"},
+    ])
+    text = decoded(request)
+    assert 'to=functions.shell<|channel|>commentary json<|message|>{"commands":["ls"]}<|call|>' in text
+    assert '<|start|>functions.shell to=assistant<|channel|>commentary<|message|>[{"stdout":"a.txt\\n"' in text
+    assert 'to=functions.local_shell<|channel|>commentary json<|message|>{"command":["rm","a.txt"],' \
+           '"env":{}}' in text
+    assert '<|start|>functions.local_shell to=assistant<|channel|>commentary<|message|>removed<|end|>' in text
+    assert '{"type":"create_file","path":"b.txt","diff":"+b\\n"}<|call|>' in text
+    assert '<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>' \
+           '{"status":"completed","output":"created"}<|end|>' in text
+
+
+def test_a_client_tool_output_without_its_call_is_refused():
+    with pytest.raises(InvalidInput) as refused:
+        harmony().render(CreateResponseRequest(model="m", input=[
+            {"role": "user", "content": "x"}, {"type": "local_shell_call_output", "id": "nope", "output": "x"}]), 0)
+    assert refused.value.param == "input[1].call_id"
