@@ -24,11 +24,16 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.conftest import SLOW_MODEL
+
 pytestmark = pytest.mark.integration
 
 MODEL = "steno-simulator"
 REPLY = "Steno simulator reply: "
-# Every answer here takes well under a second; a response that never ends fails its test
+# The streaming tests ask a worker that speaks a few tokens a second: a fast one can
+# finish within one batch interval and so send its whole answer as a single delta.
+STREAMING_MODEL = SLOW_MODEL
+# Every answer here takes a few seconds at most; a response that never ends fails its test
 # after this long instead of holding the run for the clients' default ten minutes.
 TIMEOUT_S = 30
 
@@ -160,12 +165,12 @@ class AgentWorld:
 
         self.order_tool = agents.function_tool(look_up_order)
 
-    def agent(self, tools: bool = True, **model_settings: Any) -> Any:
+    def agent(self, tools: bool = True, model: str = MODEL, **model_settings: Any) -> Any:
         agents = self.agents
         return agents.Agent(
             name="clerk",
             instructions="Answer questions about orders.",
-            model=agents.OpenAIResponsesModel(model=MODEL, openai_client=self.client),
+            model=agents.OpenAIResponsesModel(model=model, openai_client=self.client),
             model_settings=agents.ModelSettings(**model_settings),
             tools=[self.order_tool] if tools else [],
         )
@@ -186,8 +191,8 @@ async def test_agents_sdk_runs_a_local_tool_and_answers_with_its_result(agent_wo
 async def test_agents_sdk_streams_text_that_assembles_into_the_final_output(agent_world):
     from openai.types.responses import ResponseTextDeltaEvent
 
-    streamed = agent_world.agents.Runner.run_streamed(agent_world.agent(tools=False), "stream this to me",
-                                                      run_config=agent_world.run_config)
+    agent = agent_world.agent(tools=False, model=STREAMING_MODEL)
+    streamed = agent_world.agents.Runner.run_streamed(agent, "stream this to me", run_config=agent_world.run_config)
     deltas = [event.data.delta async for event in streamed.stream_events()
               if event.type == "raw_response_event" and isinstance(event.data, ResponseTextDeltaEvent)]
     assert len(deltas) > 1
@@ -299,7 +304,8 @@ def test_litellm_runs_a_local_tool_and_answers_with_its_result(litellm, litellm_
 # it then dumps, and pydantic warns about the mismatch; the stream itself is untouched.
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
 async def test_litellm_streams_text_that_assembles_into_the_final_response(litellm, litellm_target):
-    stream = await litellm.aresponses(input="stream this to me", stream=True, **litellm_target)
+    streaming_target = {**litellm_target, "model": f"openai/{STREAMING_MODEL}"}
+    stream = await litellm.aresponses(input="stream this to me", stream=True, **streaming_target)
     deltas: list[str] = []
     completed = None
     async for event in stream:
@@ -376,8 +382,8 @@ class LangChainWorld:
 
         self.order_tool = look_up_order
 
-    def chat(self, **options: Any) -> Any:
-        return self.langchain.ChatOpenAI(model=MODEL, base_url=self.stack.base_url, api_key=self.stack.keys["a"],
+    def chat(self, model: str = MODEL, **options: Any) -> Any:
+        return self.langchain.ChatOpenAI(model=model, base_url=self.stack.base_url, api_key=self.stack.keys["a"],
                                          use_responses_api=True, max_retries=0, timeout=TIMEOUT_S, **options)
 
     def tool_round_trip(self, order_id: str, **options: Any) -> tuple[Any, Any]:
@@ -404,7 +410,7 @@ def test_langchain_runs_a_local_tool_and_answers_with_its_result(langchain_world
 
 
 def test_langchain_streams_text_that_assembles_into_the_final_message(langchain_world):
-    chunks = list(langchain_world.chat().stream("stream this to me"))
+    chunks = list(langchain_world.chat(model=STREAMING_MODEL).stream("stream this to me"))
     assert len([chunk for chunk in chunks if chunk.text]) > 1
     whole = chunks[0]
     for chunk in chunks[1:]:
