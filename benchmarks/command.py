@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "vllm"]
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "affinity", "vllm"]
 EXTRA_HINT = "pip install 'steno[bench]'"
 
 
@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fanout-clients", type=int, default=2000)
     parser.add_argument("--replay-events", type=int, default=10_000)
     parser.add_argument("--cancels", type=int, default=10)
+    parser.add_argument("--affinity-workers", type=int, default=3, help="workers of the model (affinity)")
+    parser.add_argument("--affinity-conversations", type=int, default=24)
+    parser.add_argument("--affinity-turns", type=int, default=6)
     parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
     parser.add_argument("--vllm-max-tokens", type=int, default=64)
     parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")

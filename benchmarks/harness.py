@@ -11,6 +11,9 @@ Scenarios:
   replay      time to replay a finished 10,000-event response to a client
   storage     bytes per event and per token in Postgres
   cancel      time from POST /cancel to the terminal event, for generating responses
+  affinity    multi-turn conversations over several workers of one model, with and
+              without prompt_cache_key: the share of prompt tokens found in the serving
+              worker's prefix cache (the simulator's model of one)
   vllm        Steno with a vLLM worker against vLLM's own OpenAI server on the same tiny
               model (needs vLLM: ``infra/vllm-env run steno bench --scenarios vllm``)
 
@@ -62,6 +65,7 @@ from steno.services.worker.simulator import completion_tokens
 MODEL = "steno-simulator"
 IDLE_MODEL = "steno-idle"
 SLOW_MODEL = "steno-slow"
+AFFINITY_MODEL = "steno-affinity"
 CONTENT_EVENTS = (b"response.reasoning_text.delta", b"response.output_text.delta")
 LONG_INPUT = " ".join(f"word{i}" for i in range(70))
 # ttfe: rounds in a row before the other side takes its turn.
@@ -502,6 +506,43 @@ class Bench:
               f"({count} generating responses)", flush=True)
         return result
 
+    async def affinity(self, workers: int, conversations: int, turns: int) -> dict[str, Any]:
+        """Each conversation chains its turns by previous_response_id, all conversations at
+        once; a turn's prompt holds every earlier turn, so the worker that served the last
+        turn has most of it cached. Without a key a turn meets that worker by chance."""
+        for n in range(workers):
+            self.stack.add(f"worker-affinity-{n}", "worker", "--model", AFFINITY_MODEL, "--sim-tokens-per-s", "0")
+        await asyncio.sleep(10)  # registered, and the shards shared out (a few lease rounds)
+
+        async def converse(http: httpx.AsyncClient, name: str, keyed: bool) -> tuple[int, int]:
+            found = asked = 0
+            previous = None
+            for turn in range(turns):
+                body: dict[str, Any] = {"model": AFFINITY_MODEL, "input": f"{name} turn {turn}: {LONG_INPUT}",
+                                        "previous_response_id": previous}
+                if keyed:
+                    body["prompt_cache_key"] = name
+                reply = (await http.post(self.steno_url, json=body)).json()
+                previous = reply["id"]
+                if turn > 0:  # the first turn has no earlier turn to find
+                    found += reply["usage"]["input_tokens_details"]["cached_tokens"]
+                    asked += reply["usage"]["input_tokens"]
+            return found, asked
+
+        result: dict[str, Any] = {"workers": workers, "conversations": conversations, "turns": turns}
+        async with httpx.AsyncClient(timeout=120) as http:
+            for keyed in (False, True):
+                started = time.perf_counter()
+                counts = await asyncio.gather(*(converse(http, f"{'keyed' if keyed else 'unkeyed'}-{i}", keyed)
+                                                for i in range(conversations)))
+                mode = "with_key" if keyed else "without_key"
+                result[mode] = {"cached_share": sum(f for f, _ in counts) / max(sum(a for _, a in counts), 1),
+                                "seconds": time.perf_counter() - started}
+        print(f"affinity: {conversations} conversations x {turns} turns over {workers} workers: prompt tokens "
+              f"found cached {result['without_key']['cached_share']:.0%} without prompt_cache_key, "
+              f"{result['with_key']['cached_share']:.0%} with it", flush=True)
+        return result
+
     async def storage(self) -> dict[str, Any]:
         conn = await asyncpg.connect(self.database_url)
         try:
@@ -578,6 +619,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["storage"] = await bench.storage()
             if "cancel" in scenarios:
                 results["cancel"] = await bench.cancel(args.cancels)
+            if "affinity" in scenarios:
+                results["affinity"] = await bench.affinity(args.affinity_workers, args.affinity_conversations,
+                                                           args.affinity_turns)
             if "vllm" in scenarios:
                 results["vllm"] = await side_by_side(bench, Path(tmp), [int(x) for x in args.vllm_levels.split(",")],
                                                      args.vllm_max_tokens, args.vllm_rounds)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import secrets
 import statistics
@@ -101,17 +100,6 @@ def timed_jetstream(nc, samples: list[float]) -> None:
     nc.jetstream = jetstream
 
 
-async def drop_namespace(js, names: bus.Names) -> None:
-    for stream in (names.gen_stream, names.tokens_stream):
-        with contextlib.suppress(Exception):
-            await js.delete_stream(stream)
-    for bucket in ("cancel_bucket", "workers_bucket"):
-        name = getattr(names, bucket, None)
-        if name:
-            with contextlib.suppress(Exception):
-                await js.delete_key_value(name)
-
-
 def nats_options(nats_url: str) -> bus.NatsOptions:
     """The URL given, with the NATS credentials and TLS of the environment (STENO_NATS_*)."""
     return bus.NatsOptions.from_settings(replace(Settings.from_env(), nats_url=nats_url))
@@ -132,7 +120,7 @@ async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
                              headers={"Nats-Msg-Id": f"resp_x:0:{i}"})
             samples.append(time.perf_counter() - started)
     finally:
-        await drop_namespace(js, names)
+        await bus.remove_namespace(js, names)
         await nc.close()
     return samples
 
@@ -145,7 +133,7 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
     client_nc = await bus.connect(nats_options(nats_url), "steno-bench-client")
     js = client_nc.jetstream()
     await bus.ensure_streams(js, names)
-    worker = GenerationWorker(worker_nc, names, MODEL, engine, dialect=DEFAULT_DIALECT,
+    worker = GenerationWorker(worker_nc, names, MODEL, engine, dialect=DEFAULT_DIALECT, instance_id="bench-worker",
                               concurrency=result.concurrency, batch_interval_s=batch_interval_s)
     running = asyncio.create_task(worker.run())
     ended: set[str] = set()
@@ -181,7 +169,7 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
         await worker.stop(5.0)
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-        await drop_namespace(js, names)
+        await bus.remove_namespace(js, names)
         await worker_nc.close()
         await client_nc.close()
 

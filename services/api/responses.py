@@ -39,7 +39,7 @@ from steno.services.api.rendering import PromptRenderer, RenderFailed
 from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_items, plan_response
 from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
 from steno.services.api.truncation import Conversation, TurnSearch, without_oldest_turns
-from steno.services.common.bus import Names
+from steno.services.common.bus import Names, affinity_shard
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.reasoning_seal import SealError, key_id_of
 from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_named
@@ -160,7 +160,7 @@ class ResponsesService:
         # stored without reading them back.
         live = await self._tail.listen(response_id) if request.stream else None
         try:
-            await self._queue(plan.generation)
+            await self._queue(plan.generation, self._work_subject(request, tenant))
         except Exception as exc:
             log.exception("publishing %s failed", response_id)
             if live is not None:
@@ -360,7 +360,15 @@ class ResponsesService:
             raise _not_found(response_id)
         return stored
 
-    async def _queue(self, generation: GenerationRequest) -> None:
+    def _work_subject(self, request: CreateResponseRequest, tenant: str) -> str:
+        """The model's shared queue, or for a request with a ``prompt_cache_key`` the
+        affinity shard of the tenant's key, which one worker of the model pulls."""
+        if not request.prompt_cache_key:
+            return self._names.gen_subject(request.model)
+        shard = affinity_shard(tenant, request.prompt_cache_key, self._names.affinity_shards)
+        return self._names.gen_affinity_subject(request.model, shard)
+
+    async def _queue(self, generation: GenerationRequest, subject: str) -> None:
         """Publishes the work; one too large for a bus message goes into the request
         store, and a note of where it is goes on the queue."""
         body = generation.model_dump_json().encode()
@@ -368,7 +376,7 @@ class ResponsesService:
             await self._request_store.put(generation.response_id, body)
             body = StoredGenerationRequest(response_id=generation.response_id, model=generation.model,
                                            name=generation.response_id).model_dump_json().encode()
-        await self._js.publish(self._names.gen_subject(generation.model), body,
+        await self._js.publish(subject, body,
                                headers={"Nats-Msg-Id": generation.response_id})
 
     async def _served(self, model: str) -> tuple[WorkerRegistration, Dialect]:

@@ -2,10 +2,12 @@
 
 Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                       GenerationRequest, work-queue stream ``NS_GEN``
+  ``ns.gen.<model>.affinity.<shard>``      the same, for requests with a ``prompt_cache_key``
   ``ns.tokens.<p>.<response_id>``          TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
   ``ns.events.<origin>.<response_id>``     CommittedEvents, core NATS (``origin``: the API process that made it)
 KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
-model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders).
+model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders),
+``ns_affinity_leases`` and ``ns_affinity_holders`` (each model's affinity shards' workers).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ CANCEL_FLAG_TTL_S = 24 * 3600
 # Workers refresh their model's registration this often; it lapses after the TTL.
 WORKER_REGISTRATION_EVERY_S = 3.0
 WORKER_REGISTRATION_TTL_S = 10.0
+# Each model's requests with a prompt_cache_key are spread over this many shards, which
+# its workers share out between them as leases.
+AFFINITY_SHARDS = 8
 
 
 @lru_cache(maxsize=1024)
@@ -66,11 +71,18 @@ def partition_of(response_id: str, partitions: int) -> int:
     return zlib.crc32(response_id.encode()) % partitions
 
 
+def affinity_shard(tenant: str, prompt_cache_key: str, shards: int) -> int:
+    """The shard a tenant's ``prompt_cache_key`` routes to: one worker of the model holds
+    each shard, so requests that share a key share that worker's prefix cache."""
+    return zlib.crc32(f"{tenant}\0{prompt_cache_key}".encode()) % shards
+
+
 @dataclass(frozen=True)
 class Names:
     namespace: str
     token_partitions: int
     replicas: int = 1
+    affinity_shards: int = AFFINITY_SHARDS
 
     @property
     def gen_stream(self) -> str:
@@ -85,6 +97,13 @@ class Names:
 
     def worker_consumer(self, model: str) -> str:
         return f"worker-{model_token(model)}"
+
+    def gen_affinity_subject(self, model: str, shard: int) -> str:
+        """Requests with a ``prompt_cache_key``, for whichever worker holds their shard."""
+        return f"{self.namespace}.gen.{model_token(model)}.affinity.{shard}"
+
+    def affinity_consumer(self, model: str, shard: int) -> str:
+        return f"worker-{model_token(model)}-affinity-{shard}"
 
     def tokens_subject(self, response_id: str) -> str:
         return f"{self.namespace}.tokens.{partition_of(response_id, self.token_partitions)}.{response_id}"
@@ -118,6 +137,14 @@ class Names:
     @property
     def parsers_bucket(self) -> str:
         return f"{self.namespace}_parsers"
+
+    @property
+    def affinity_leases_bucket(self) -> str:
+        return f"{self.namespace}_affinity_leases"
+
+    @property
+    def affinity_holders_bucket(self) -> str:
+        return f"{self.namespace}_affinity_holders"
 
     @property
     def requests_store(self) -> str:
@@ -209,7 +236,8 @@ async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     for stream in (names.gen_stream, names.tokens_stream):
         with suppress(Exception):
             await js.delete_stream(stream)
-    for bucket in (names.cancel_bucket, names.workers_bucket, names.parser_leases_bucket, names.parsers_bucket):
+    for bucket in (names.cancel_bucket, names.workers_bucket, names.parser_leases_bucket, names.parsers_bucket,
+                   names.affinity_leases_bucket, names.affinity_holders_bucket):
         with suppress(Exception):
             await js.delete_key_value(bucket)
     with suppress(Exception):

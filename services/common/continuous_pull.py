@@ -14,6 +14,9 @@ every ``CHECK_EVERY_S``: rarely, since each request lives long.
 With ``credits`` the consumer takes no more messages than it can run at once (a
 worker's free slots): each message delivered uses a credit, ``release`` gives one back,
 and a request asks for at most the credits in hand, so waiting work stays in JetStream.
+Several pulls may share one ``Credits``: each asks for what is free when it asks, so
+together they may take up to their open requests' sizes beyond it (a worker's affinity
+shards pull one message at a time for this reason).
 A request is never left waiting for a full batch: messages are handed over as they come."""
 
 from __future__ import annotations
@@ -39,9 +42,29 @@ GRACE_S = 0.5
 CHECK_EVERY_S = 1.0
 
 
+class Credits:
+    """Messages one or more pulls may take before some are released."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._returned = asyncio.Event()
+
+    def use(self) -> None:
+        self.count -= 1
+
+    def release(self, count: int = 1) -> None:
+        self.count += count
+        self._returned.set()
+
+    async def returned(self) -> None:
+        """Waits until some credit is released."""
+        self._returned.clear()
+        await self._returned.wait()
+
+
 class ContinuousPull:
     def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float = 30.0,
-                 credits: int | None = None) -> None:
+                 credits: Credits | None = None) -> None:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
@@ -52,7 +75,6 @@ class ContinuousPull:
         self._ends_at = 0.0
         self._reconnects = 0  # the connection's reconnect count when the request went out
         self._credits = credits
-        self._credit_returned = asyncio.Event()
         self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -71,17 +93,11 @@ class ContinuousPull:
                 with suppress(Exception):
                     await msg.nak()
 
-    def release(self, count: int = 1) -> None:
-        """``count`` messages taken earlier are done with: room for as many more."""
-        if self._credits is not None:
-            self._credits += count
-            self._credit_returned.set()
-
     async def _on_message(self, msg: Msg) -> None:
         self._arrived.put_nowait(msg)
 
     async def _request(self) -> None:
-        size = self._batch if self._credits is None else min(self._batch, self._credits)
+        size = self._batch if self._credits is None else min(self._batch, self._credits.count)
         self._left = max(size, 0)
         if self._left == 0:
             return
@@ -96,9 +112,8 @@ class ContinuousPull:
         while not taken:
             if self._left == 0:
                 await self._request()
-                if self._left == 0:  # no credit: wait for some to come back
-                    self._credit_returned.clear()
-                    await self._credit_returned.wait()
+                if self._left == 0 and self._credits is not None:  # no credit: wait for some to come back
+                    await self._credits.returned()
                     continue
             now = time.monotonic()
             if now >= self._ends_at or self._nc.stats["reconnects"] != self._reconnects:
@@ -119,7 +134,7 @@ class ContinuousPull:
             taken.append(msg)
             self._left -= 1
             if self._credits is not None:
-                self._credits -= 1
+                self._credits.use()
             if self._left == 0:
                 await self._request()
         elif status == HEARTBEAT:

@@ -6,7 +6,9 @@ import asyncio
 import gc
 import logging
 import os
+import secrets
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 
@@ -15,6 +17,12 @@ def configure_logging(service: str) -> None:
         level=os.environ.get("STENO_LOG_LEVEL", "INFO").upper(),
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
     )
+
+
+def instance_id() -> str:
+    """This process among its service's others, as it holds leases: host, pid and a
+    random part, so a restarted process with a reused pid is a new holder."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def freeze_startup_heap() -> None:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import secrets
-import socket
 
 from steno.services import dialects
 from steno.services.common import bus, db
 from steno.services.common.config import Settings
-from steno.services.common.runtime import configure_logging, run_until_signalled
+from steno.services.common.runtime import configure_logging, instance_id, run_until_signalled
 from steno.services.parser.service import ParserService
 
 log = logging.getLogger(__name__)
@@ -27,10 +24,10 @@ def run(_: argparse.Namespace) -> None:
         nc = await bus.connect(settings, "steno-parser")
         # One connection per partition it may hold, so commits never queue for a connection.
         pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
-        instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        service = ParserService(nc, pool, bus.Names.from_settings(settings), instance_id)
+        parser_id = instance_id()
+        service = ParserService(nc, pool, bus.Names.from_settings(settings), parser_id)
         task = asyncio.create_task(service.run())
-        log.info("parser %s ready", instance_id)
+        log.info("parser %s ready", parser_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -23,10 +23,10 @@ from steno.schemas.responses import ParseContext
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
+from steno.services.common.leases import PartitionLeases
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
-from steno.services.parser.leases import PartitionLeases
 from steno.services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,9 @@ class ParserService:
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._leases = PartitionLeases(self._js, names, instance_id)
+        self._leases = PartitionLeases(self._js, leases_bucket=names.parser_leases_bucket,
+                                       holders_bucket=names.parsers_bucket, partitions=names.token_partitions,
+                                       instance_id=instance_id, replicas=names.replicas)
         self._consumers: dict[int, asyncio.Task] = {}
         self._reasoning_keys = ReasoningKeys(pool)
 

@@ -10,7 +10,7 @@ import sys
 from steno.services import dialects
 from steno.services.common import bus
 from steno.services.common.config import Settings
-from steno.services.common.runtime import configure_logging, freeze_startup_heap, run_until_signalled
+from steno.services.common.runtime import configure_logging, freeze_startup_heap, instance_id, run_until_signalled
 from steno.services.worker.engine import Engine
 from steno.services.worker.simulator import DEFAULT_CONTEXT_TOKENS
 from steno.services.worker.worker import GenerationWorker
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> None:
             args.model,
             engine,
             dialect=args.dialect,
+            instance_id=instance_id(),
             concurrency=args.concurrency,
             batch_interval_s=args.batch_interval_ms / 1000,
             batch_max_tokens=args.batch_max_tokens,

@@ -13,7 +13,8 @@ It reads the prompt it is given (through the dialect) and answers deterministica
 - otherwise a reasoning message and a final answer echoing the user.
 An answer asked for as JSON (``text.format``) is a small instance of the schema (an
 object for ``json_object``). The answer can be padded to a length, for load. It streams
-at a configurable first-token delay and token rate. Its text says it is a simulation;
+at a configurable first-token delay and token rate, and reports the prompt tokens its
+model of a prefix cache had already seen on this worker, as vLLM does. Its text says it is a simulation;
 it is for running the pipeline where there is no GPU, and for load."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from steno.services.dialects import CompletionMessage, Dialect, OfferedTool, Pro
 from steno.services.dialects.tools import CUSTOM_TOOL_INPUT_ARG
 from steno.services.worker.engine import EngineError, EngineOutput
 from steno.services.worker.instances import lark_example, regex_example, schema_instance
+from steno.services.worker.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class SimulatorEngine:
         # Rendering a completion costs about as much CPU as the whole pipeline spends on a
         # request; a GPU engine spends none of these cores on it, so repeated prompts reuse it.
         self._completion = lru_cache(maxsize=1024)(self._render_completion)
+        self._prefix_cache = PrefixCache()
 
     def _render_completion(self, prompt_token_ids: tuple[int, ...], answer_format: str | None) -> tuple[int, ...]:
         structured = StructuredOutput.model_validate_json(answer_format) if answer_format else None
@@ -174,6 +177,7 @@ class SimulatorEngine:
         if list(prior_output) != tokens[: len(prior_output)]:
             raise EngineError("cannot continue: the earlier output is not this simulator's completion")
         tokens = tokens[len(prior_output):]
+        cached_tokens = self._prefix_cache.admit(prompt_token_ids)
         finish: FinishReason = "stop"
         if sampling.max_tokens is not None and len(tokens) > sampling.max_tokens:
             tokens, finish = tokens[: sampling.max_tokens], "length"
@@ -185,7 +189,7 @@ class SimulatorEngine:
         try:
             for offset in range(0, len(tokens), step):
                 if request_id in self._aborted:
-                    yield EngineOutput([], finish_reason="cancelled")
+                    yield EngineOutput([], finish_reason="cancelled", cached_tokens=cached_tokens)
                     return
                 if timing.tokens_per_s > 0:
                     delay = started + offset / timing.tokens_per_s - time.monotonic()
@@ -195,9 +199,9 @@ class SimulatorEngine:
                     await asyncio.sleep(0)
                 chunk = tokens[offset: offset + step]
                 last = offset + step >= len(tokens)
-                yield EngineOutput(chunk, finish_reason=finish if last else None)
+                yield EngineOutput(chunk, finish_reason=finish if last else None, cached_tokens=cached_tokens)
             if not tokens:
-                yield EngineOutput([], finish_reason=finish)
+                yield EngineOutput([], finish_reason=finish, cached_tokens=cached_tokens)
         finally:
             self._aborted.discard(request_id)
 

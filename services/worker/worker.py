@@ -1,7 +1,15 @@
 """Pulls generation requests for one model and streams the engine's tokens onto the bus.
 
+Every worker of a model pulls the model's shared queue. Requests with a
+``prompt_cache_key`` go to one of the model's affinity shards instead, and each shard is
+pulled by the one worker holding its lease, so a conversation keeps meeting the engine
+that has its prefix cached; a worker that dies or leaves hands its shards on within the
+lease's expiry, and what waited on them stays in JetStream for the next holder.
+
 Backpressure: the worker asks JetStream for no more requests than it has free slots
-(of ``concurrency``), so waiting work stays in JetStream, never in worker memory. While a request
+(of ``concurrency``), so waiting work stays in JetStream, never in worker memory. The
+shards it holds pull one request at a time from the same slots, so at most one request
+per shard held can start beyond ``concurrency``. While a request
 runs the worker heartbeats it (in-progress acks); it acks only after the last batch,
 which carries the attempt's end, is stored in the TOKENS stream, so a worker that dies
 mid-generation has its request redelivered. The delivery count is the attempt number; a later
@@ -38,8 +46,9 @@ from steno.services.common.bus import (
     request_store,
     worker_registry,
 )
-from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.continuous_pull import ContinuousPull, Credits
 from steno.services.common.kv_mirror import KvMirror
+from steno.services.common.leases import PartitionLeases
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
 from steno.services.worker.token_batcher import PendingBatch, coalesce
@@ -54,6 +63,7 @@ WORK_ACK_WAIT_S = 10.0
 HEARTBEAT_S = 3.0
 # Publishing rides out a NATS restart this long before the attempt is abandoned.
 PUBLISH_PATIENCE_S = 60.0
+RETRY_DELAY_S = 0.5
 
 
 class GenerationWorker:
@@ -65,6 +75,7 @@ class GenerationWorker:
         engine: Engine,
         *,
         dialect: str,
+        instance_id: str,
         concurrency: int = 64,
         batch_interval_s: float = 0.005,
         batch_max_tokens: int = 64,
@@ -78,8 +89,15 @@ class GenerationWorker:
         self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect,
                                                 context_tokens=engine.context_tokens, created=int(time.time()))
         self._concurrency = concurrency
+        self._credits = Credits(concurrency)
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
-                                    credits=concurrency)
+                                    credits=self._credits)
+        self._leases = PartitionLeases(self._js, leases_bucket=names.affinity_leases_bucket,
+                                       holders_bucket=names.affinity_holders_bucket,
+                                       partitions=names.affinity_shards, instance_id=instance_id,
+                                       replicas=names.replicas, scope=model_token(model))
+        self._shard_pulls: dict[int, asyncio.Task] = {}
+        self._lease_rounds: asyncio.Task | None = None
         self._batch_interval_s = batch_interval_s
         self._batch_max_tokens = batch_max_tokens
         self._keepalive_s = keepalive_s
@@ -99,6 +117,7 @@ class GenerationWorker:
             ),
         )
         await self._feed.start()
+        self._lease_rounds = asyncio.create_task(self._leases.run(self._start_shard, self._stop_shard))
         # Every cancel order reaches every worker through this one watcher: a request not
         # started yet is ended at once when it comes, one generating here is aborted.
         self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
@@ -108,10 +127,11 @@ class GenerationWorker:
         registration = asyncio.create_task(self._register())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
-            await self._take_work()
+            await self._take_work(self._feed)
         finally:
             registration.cancel()
             await self._feed.stop()
+            await self._hand_shards_on()
             await self._cancels.stop()
 
     async def stop(self, drain_timeout_s: float) -> None:
@@ -119,6 +139,7 @@ class GenerationWorker:
         what is still running then is handed back for another worker to continue."""
         self._stopping.set()
         await self._feed.stop()  # what was delivered but not started goes back at once
+        await self._hand_shards_on()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=drain_timeout_s)
         for task in list(self._tasks):
@@ -139,15 +160,52 @@ class GenerationWorker:
         if engine_request_id is not None:
             await self._engine.abort(engine_request_id)
 
-    async def _take_work(self) -> None:
+    async def _hand_shards_on(self) -> None:
+        """Stops pulling the affinity shards and frees their leases for the other workers
+        at once, instead of at the leases' expiry."""
+        if self._lease_rounds is not None:
+            self._lease_rounds.cancel()
+            await asyncio.gather(self._lease_rounds, return_exceptions=True)
+        await self._leases.release_all(self._stop_shard)
+
+    async def _start_shard(self, shard: int) -> None:
+        self._shard_pulls[shard] = asyncio.create_task(self._pull_shard(shard))
+
+    async def _stop_shard(self, shard: int) -> None:
+        task = self._shard_pulls.pop(shard, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _pull_shard(self, shard: int) -> None:
+        """Takes the shard's requests for as long as this worker holds its lease."""
+        names = self._names
+        durable = names.affinity_consumer(self._model, shard)
+        feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=1, credits=self._credits)
+        while True:
+            try:
+                await self._js.add_consumer(names.gen_stream, durable_pull_config(
+                    durable, names.gen_affinity_subject(self._model, shard), MAX_DELIVER, max_ack_pending=10_000,
+                    ack_wait_s=WORK_ACK_WAIT_S))
+                await feed.start()
+                break
+            except Exception:
+                log.exception("starting to pull affinity shard %d failed; retrying", shard)
+                await asyncio.sleep(RETRY_DELAY_S)
+        try:
+            await self._take_work(feed)
+        finally:
+            await feed.stop()
+
+    async def _take_work(self, feed: ContinuousPull) -> None:
         """Starts each request as it is delivered; the feed asks for no more than there
         are free slots, so a burst arrives in one round trip and nothing waits here."""
         while not self._stopping.is_set():
             try:
-                messages = await self._feed.next_messages(self._concurrency)
+                messages = await feed.next_messages(self._concurrency)
             except Exception:
                 log.exception("receiving work failed; retrying")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(RETRY_DELAY_S)
                 continue
             for msg in messages:
                 task = asyncio.create_task(self._run_one(msg))
@@ -167,7 +225,7 @@ class GenerationWorker:
             with suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
-            self._feed.release()
+            self._credits.release()
 
     async def _heartbeat(self, msg: Msg, engine_request_id: str, response_id: str) -> None:
         """Keeps the request ours, and reads the cancel flag itself in case the watcher

@@ -10,7 +10,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 from steno.services.common.bus import durable_pull_config
-from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.continuous_pull import ContinuousPull, Credits
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +30,8 @@ async def consumer(settings):
 
 
 @asynccontextmanager
-async def reading(nc, stream, **options):
-    feed = ContinuousPull(nc, stream, "reader", **options)
+async def reading(nc, stream, durable="reader", **options):
+    feed = ContinuousPull(nc, stream, durable, **options)
     await feed.start()
     try:
         yield feed
@@ -93,13 +93,14 @@ async def test_after_stop_the_next_reader_gets_what_the_first_left(consumer):
 
 async def test_with_credits_no_more_is_delivered_than_was_released(consumer):
     nc, js, stream, subject = consumer
-    async with reading(nc, stream, batch=8, expires_s=0.3, credits=2) as feed:
+    credits = Credits(2)
+    async with reading(nc, stream, batch=8, expires_s=0.3, credits=credits) as feed:
         for i in range(5):
             await js.publish(subject, str(i).encode())
         first = await receive(feed, 2)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(feed.next_messages(8), 0.8)  # two requests expire meanwhile
-        feed.release()
+        credits.release()
         assert first + await receive(feed, 1) == [b"0", b"1", b"2"]
         info = await js.consumer_info(stream, "reader")
         assert info.num_pending == 2  # the rest waits in the stream, not here
@@ -107,7 +108,7 @@ async def test_with_credits_no_more_is_delivered_than_was_released(consumer):
 
 async def test_a_request_hands_over_each_message_without_waiting_for_its_batch(consumer):
     nc, js, stream, subject = consumer
-    async with reading(nc, stream, batch=32, expires_s=5.0, credits=32) as feed:
+    async with reading(nc, stream, batch=32, expires_s=5.0, credits=Credits(32)) as feed:
         got, took = await delivered_after_waiting(feed, js, subject, b"one of many it asked for", 0.2)
         assert got == [b"one of many it asked for"]
         assert took < 0.5
@@ -115,7 +116,7 @@ async def test_a_request_hands_over_each_message_without_waiting_for_its_batch(c
 
 async def test_stop_hands_back_what_arrived_but_was_not_taken(consumer):
     nc, js, stream, subject = consumer
-    async with reading(nc, stream, batch=8, expires_s=5.0, credits=8):
+    async with reading(nc, stream, batch=8, expires_s=5.0, credits=Credits(8)):
         await js.publish(subject, b"delivered, never taken")
         await asyncio.sleep(0.3)  # it reaches the first reader's inbox
     async with reading(nc, stream, batch=8, expires_s=0.3) as second:
@@ -143,3 +144,28 @@ async def test_after_a_reconnect_the_reader_renews_its_request(consumer, setting
             assert reader_nc.stats["reconnects"] >= 1
     finally:
         await reader_nc.close()
+
+
+async def test_pulls_sharing_credits_take_no_more_than_the_credits_and_their_open_requests(consumer):
+    nc, js, stream, subject = consumer
+    other_subject = subject + "-other"
+    await js.update_stream(StreamConfig(name=stream, subjects=[subject, other_subject]))
+    await js.add_consumer(stream, durable_pull_config("other", other_subject, max_deliver=5, max_ack_pending=1000,
+                                                      ack_wait_s=5))
+    credits = Credits(1)
+    async with reading(nc, stream, batch=1, expires_s=0.3, credits=credits) as first, \
+            reading(nc, stream, durable="other", batch=1, expires_s=0.3, credits=credits) as second:
+        for i in range(3):
+            await js.publish(subject, f"first {i}".encode())
+            await js.publish(other_subject, f"second {i}".encode())
+        # Each asked for the one free credit before either was used: one message each.
+        assert await receive(first, 1) == [b"first 0"]
+        assert await receive(second, 1) == [b"second 0"]
+        assert credits.count == -1
+        for feed in (first, second):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(feed.next_messages(1), 0.8)
+        credits.release(2)
+        assert len(await receive(first, 1)) == 1
+        assert (await js.consumer_info(stream, "reader")).num_pending + \
+            (await js.consumer_info(stream, "other")).num_pending == 3

@@ -1,0 +1,109 @@
+"""Partitions of some work held through leases in a NATS KV bucket: one holder per partition.
+
+create = claim, update by revision = renew, delete = release, bucket TTL = lease
+expiry. Live holders register in a second bucket; each aims at its fair share,
+ceil(partitions / live holders): one holding more releases the surplus, one holding
+less claims free partitions. A holder that dies stops renewing and its partitions are
+free within the TTL.
+
+Parsers lease the token partitions (``scope`` empty); the workers of one model lease
+that model's affinity shards (``scope`` the model's token), sharing two buckets with the
+workers of every other model: keys are prefixed with the scope, and only the holders of
+one's own scope count towards one's share."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyValueError, NoKeysError
+
+from steno.services.common.bus import kv_bucket
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 6.0
+RENEW_EVERY_S = 2.0
+
+PartitionCallback = Callable[[int], Awaitable[None]]
+
+
+class PartitionLeases:
+    def __init__(self, js: JetStreamContext, *, leases_bucket: str, holders_bucket: str, partitions: int,
+                 instance_id: str, replicas: int = 1, scope: str = "") -> None:
+        self._js = js
+        self._leases_bucket = leases_bucket
+        self._holders_bucket = holders_bucket
+        self._partitions = partitions
+        self._instance_id = instance_id
+        self._replicas = replicas
+        self._prefix = f"{scope}." if scope else ""
+        self._revisions: dict[int, int] = {}
+
+    async def run(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
+        self._leases = await kv_bucket(self._js, self._leases_bucket, LEASE_TTL_S, self._replicas)
+        self._holders = await kv_bucket(self._js, self._holders_bucket, LEASE_TTL_S, self._replicas)
+        while True:
+            try:
+                await self._round(acquired, lost)
+            except Exception:
+                log.exception("lease round failed")
+            await asyncio.sleep(RENEW_EVERY_S)
+
+    def _key(self, partition: int) -> str:
+        return f"{self._prefix}p{partition}"
+
+    async def _live_holders(self) -> int:
+        await self._holders.put(self._prefix + self._instance_id, b"1")
+        try:
+            keys = await self._holders.keys()
+        except NoKeysError:
+            return 1
+        return max(1, sum(1 for key in keys if key.startswith(self._prefix)))
+
+    async def _round(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
+        share = math.ceil(self._partitions / await self._live_holders())
+        for partition, revision in list(self._revisions.items()):
+            try:
+                self._revisions[partition] = await self._leases.update(
+                    self._key(partition), self._instance_id.encode(), last=revision
+                )
+            except KeyValueError:
+                del self._revisions[partition]
+                log.warning("lost the lease on partition %s", self._key(partition))
+                await lost(partition)
+        while len(self._revisions) > share:
+            partition = max(self._revisions)
+            await lost(partition)
+            revision = self._revisions.pop(partition)
+            with suppress(KeyValueError):
+                await self._leases.delete(self._key(partition), last=revision)
+            log.info("released partition %s (share %d)", self._key(partition), share)
+        if len(self._revisions) >= share:
+            return
+        candidates = [p for p in range(self._partitions) if p not in self._revisions]
+        random.shuffle(candidates)
+        for partition in candidates:
+            if len(self._revisions) >= share:
+                break
+            try:
+                self._revisions[partition] = await self._leases.create(self._key(partition),
+                                                                       self._instance_id.encode())
+            except KeyValueError:
+                continue
+            log.info("acquired partition %s", self._key(partition))
+            await acquired(partition)
+
+    async def release_all(self, lost: PartitionCallback) -> None:
+        for partition, revision in list(self._revisions.items()):
+            await lost(partition)
+            with suppress(Exception):
+                await self._leases.delete(self._key(partition), last=revision)
+        self._revisions.clear()
+        with suppress(Exception):
+            await self._holders.delete(self._prefix + self._instance_id)

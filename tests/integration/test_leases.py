@@ -1,0 +1,74 @@
+"""Partitions shared out through KV leases, against a real JetStream: fair shares within
+a scope, scopes apart, and a holder that leaves handing its partitions on."""
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+import nats
+import pytest
+
+from steno.services.common.leases import PartitionLeases
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 8
+
+
+class Holder:
+    def __init__(self, js, buckets: tuple[str, str], name: str, scope: str) -> None:
+        self.held: set[int] = set()
+        self.leases = PartitionLeases(js, leases_bucket=buckets[0], holders_bucket=buckets[1], partitions=PARTITIONS,
+                                      instance_id=name, scope=scope)
+        self.task = asyncio.create_task(self.leases.run(self._acquired, self._lost))
+
+    async def _acquired(self, partition: int) -> None:
+        self.held.add(partition)
+
+    async def _lost(self, partition: int) -> None:
+        self.held.discard(partition)
+
+    async def leave(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.leases.release_all(self._lost)
+
+
+async def settled(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the leases did not settle"
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def jetstream(settings):
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    run = secrets.token_hex(3)
+    buckets = (f"{settings.namespace}_leases_{run}", f"{settings.namespace}_holders_{run}")
+    yield js, buckets
+    for bucket in buckets:
+        with suppress(Exception):
+            await js.delete_key_value(bucket)
+    await nc.close()
+
+
+async def test_holders_of_a_scope_share_its_partitions_fairly_and_apart_from_another_scope(jetstream):
+    js, buckets = jetstream
+    first, second = Holder(js, buckets, "first", "model-a"), Holder(js, buckets, "second", "model-a")
+    alone = Holder(js, buckets, "alone", "model-b")
+    try:
+        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
+        assert first.held | second.held == set(range(PARTITIONS))
+        # The other scope's holders neither share its partitions nor shrink its share.
+        await settled(lambda: alone.held == set(range(PARTITIONS)))
+
+        await first.leave()
+        assert first.held == set()
+        await settled(lambda: second.held == set(range(PARTITIONS)))
+    finally:
+        for holder in (first, second, alone):
+            await holder.leave()
