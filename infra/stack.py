@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="steno-simulator", help="model name the workers serve")
     parser.add_argument("--sim-tokens-per-s", type=float, default=200.0)
     parser.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--sim-dialect", default="harmony",
+                        help="the format the simulated model speaks: harmony (gpt-oss), or a chat-template "
+                        "family: hermes, llama3, mistral, qwen3, deepseek")
 
 
 def _children(args: argparse.Namespace) -> list[ServiceProcess]:
@@ -47,7 +50,7 @@ def _children(args: argparse.Namespace) -> list[ServiceProcess]:
     children += [
         ServiceProcess(f"worker-{i}", ["worker", "--model", args.model, "--sim-tokens-per-s",
                                        str(args.sim_tokens_per_s), "--sim-first-token-delay-ms",
-                                       str(args.sim_first_token_delay_ms)])
+                                       str(args.sim_first_token_delay_ms), "--sim-dialect", args.sim_dialect])
         for i in range(args.workers)
     ]
     children += [ServiceProcess(f"parser-{i}", ["parser"]) for i in range(args.parsers)]

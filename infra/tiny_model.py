@@ -1,4 +1,5 @@
-"""A tiny random-weight Llama model and an o200k/Harmony tokenizer, built offline.
+"""Tiny random-weight models built offline: a Llama with an o200k/Harmony tokenizer, and
+a Qwen3 with a chat template and a byte-level tokenizer.
 
 Nothing is downloaded: the weights are random (seeded, so a build is reproducible) and
 the tokenizer is converted from the o200k vocabulary Steno already ships (see
@@ -125,6 +126,43 @@ def build_harmony_tokenizer(directory: Path) -> Path:
     probe = "<|start|>assistant<|channel|>final<|message|>{\"ok\": true}<|return|>"
     assert tokenizer.encode(probe, add_special_tokens=False) == encoding.encode(probe, allowed_special="all")
     directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_qwen3(directory: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """A tiny random Qwen3 with a chat-template model directory's files: a byte-level
+    tokenizer with the qwen3 family's markers (services/dialects/chat_template), the
+    family's stored chat template in tokenizer_config.json, and a vocabulary exactly the
+    tokenizer's, so that every id the model samples decodes."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    from steno.services.dialects.chat_template.families import FAMILIES
+    from steno.services.dialects.chat_template.vocabulary import byte_level_tokenizer
+
+    family = FAMILIES["qwen3"]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=byte_level_tokenizer(family.special_tokens),
+                                        eos_token=family.eos_token, pad_token=family.eos_token)
+    tokenizer.chat_template = family.template()
+    eos = tokenizer.convert_tokens_to_ids(family.eos_token)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=4096,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
 

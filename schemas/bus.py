@@ -3,6 +3,7 @@ consumer can refuse (visibly) what it does not understand instead of misreading 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -190,3 +191,33 @@ class WorkerRegistration(BaseModel):
     context_tokens: int
     # When the first worker of the model started (unix seconds): the model's "created".
     created: int = 0
+    # A chat-template model's tokenizer and template (ChatTemplateFiles), by digest in
+    # the model files store: the API and the parser read them from there, so that only
+    # workers need the model's directory.
+    dialect_files: str | None = None
+
+
+class ChatTemplateFiles(BaseModel):
+    """What Steno needs of a chat-template model's directory to render its prompts and
+    read its output, published by its workers into the model files store under its
+    ``digest()``, and never changed there: a response records the digest, so that its
+    tokens are re-parsed (``steno audit``) with the very files it was made with."""
+
+    v: Literal[1] = 1
+    # The model's family (services/dialects/chat_template/families.py): the template
+    # arguments reasoning.effort maps to.
+    family: str
+    # The Hugging Face tokenizer (tokenizer.json) and the chat template, as text.
+    tokenizer: str
+    chat_template: str
+    # Template variables such as bos_token and eos_token.
+    template_tokens: dict[str, str] = Field(default_factory=dict)
+    # Tokens that end the model's turn.
+    stop_tokens: list[str]
+    # The reasoning block's opening and closing tags, for a model that reasons.
+    reasoning_tags: tuple[str, str] | None = None
+    # How the model writes tool calls (services/dialects/chat_template/tool_calls.py).
+    tool_call_format: str
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()

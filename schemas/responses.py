@@ -39,4 +39,11 @@ class ParseContext(BaseModel):
     # The model's format (``services/dialects``); contexts recorded before there was a
     # choice are Harmony's.
     dialect: str = "harmony"
+    # A chat-template model's files (ChatTemplateFiles) by digest.
+    dialect_files: str | None = None
+    # The prompt opened the model's reasoning block: its output starts inside it.
+    reasoning_open: bool = False
+    # Qualified function name -> parameter -> its JSON schema type, for a model that
+    # writes arguments as text (Qwen3-Coder's XML calls).
+    parameter_types: dict[str, dict[str, str]] = {}
     reasoning_sealing: ReasoningSealing | None = None

@@ -18,14 +18,24 @@ def _migrate(_: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> None:
-    from steno.services.common import db
+    from steno.services.common import bus, db
     from steno.services.common.config import Settings
+    from steno.services.common.model_files import ensure_model_files
     from steno.services.parser.audit import audit
 
     async def run() -> bool:
-        pool = await db.create_pool(Settings.from_env().database_url)
+        settings = Settings.from_env()
+        pool = await db.create_pool(settings.database_url)
+
+        async def fetch_model_files(digest: str) -> None:
+            nc = await bus.connect(settings, "steno-audit", max_reconnect_attempts=0)
+            try:
+                await ensure_model_files(nc.jetstream(), bus.Names.from_settings(settings), digest)
+            finally:
+                await nc.close()
+
         try:
-            result = await audit(pool, args.response_id, restore=args.restore)
+            result = await audit(pool, args.response_id, restore=args.restore, fetch_model_files=fetch_model_files)
         finally:
             await pool.close()
         if result.identical:

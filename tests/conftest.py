@@ -4,7 +4,11 @@ namespace of the session's own, and the service processes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -15,6 +19,7 @@ from steno.infra.processes import Stack, remove_namespace
 from steno.services.common.config import Settings
 from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.parser.audit import audit
 
 SLOW_MODEL = "steno-slow"
 # A model with a context larger than the bus's largest message holds in prompt token ids.
@@ -121,3 +126,31 @@ def other_tenant(stack):
     import openai
 
     return openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["b"], max_retries=0)
+
+
+@contextmanager
+def separate_stack(settings: Settings, suffix: str, log_dir: Path) -> Iterator[Stack]:
+    """A stack of its own in the namespace ``<the run's>suffix``, with a key for tenant
+    "a": started by the caller, its logs printed if starting fails, stopped and its
+    namespace removed afterwards."""
+    stack = Stack(dataclasses.replace(settings, namespace=settings.namespace + suffix), log_dir)
+    stack.create_key("a")
+    try:
+        yield stack
+    except Exception:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop()
+        remove_namespace(stack.settings)
+
+
+def reparses_identically(settings: Settings, response_id: str) -> bool:
+    """What ``steno audit`` says: the response's stored tokens re-parse into its log, byte for byte."""
+    async def run() -> bool:
+        pool = await asyncpg.create_pool(asyncpg_dsn(settings.database_url), min_size=1, max_size=2)
+        try:
+            return (await audit(pool, response_id)).identical
+        finally:
+            await pool.close()
+    return asyncio.run(run())

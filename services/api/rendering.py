@@ -82,6 +82,8 @@ def _render(dialect: Dialect, request: CreateResponseRequest, created_at: int,
 @dataclass
 class _Job:
     dialect: str
+    # The model files the dialect is built from (in the local model files directory).
+    dialect_files: str | None
     request: CreateResponseRequest
     created_at: int
     history: list[dict[str, Any]]
@@ -99,8 +101,9 @@ def _serve(jobs: Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply: RenderedPrompt | RenderFailed = _render(dialects.dialect_named(job.dialect), job.request,
-                                                           job.created_at, job.history, job.reuse_scope)
+            dialect = dialects.dialect_for(job.dialect, job.dialect_files)
+            reply: RenderedPrompt | RenderFailed = _render(dialect, job.request, job.created_at, job.history,
+                                                           job.reuse_scope)
         except RenderFailed as failed:
             reply = failed
         jobs.send_bytes(pickle.dumps(reply))
@@ -143,7 +146,7 @@ class PromptRenderer:
         the tenant (see ``Dialect.render``)."""
         if renders_in_place(request, history):
             return _render(dialect, request, created_at, history, reuse_scope)
-        job = pickle.dumps(_Job(dialect.name, request, created_at, list(history), reuse_scope))
+        job = pickle.dumps(_Job(dialect.name, dialect.files, request, created_at, list(history), reuse_scope))
         async with self._slots:
             worker = self._idle.pop() if self._idle else await asyncio.to_thread(_RenderProcess)
             try:

@@ -40,9 +40,10 @@ from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_i
 from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
 from steno.services.api.truncation import Conversation, TurnSearch, without_oldest_turns
 from steno.services.common.bus import Names, affinity_shard
+from steno.services.common.model_files import ModelFilesMissing, ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.reasoning_seal import SealError, key_id_of
-from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_named
+from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_for
 from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
 
 log = logging.getLogger(__name__)
@@ -386,8 +387,10 @@ class ResponsesService:
             raise ApiError(404, f"The model '{model}' does not exist or no worker serves it.", param="model",
                            code="model_not_found")
         try:
-            return registration, dialect_named(registration.dialect)
-        except UnknownDialect as exc:
+            if registration.dialect_files is not None:
+                await ensure_model_files(self._js, self._names, registration.dialect_files)
+            return registration, dialect_for(registration.dialect, registration.dialect_files)
+        except (UnknownDialect, ModelFilesMissing) as exc:
             log.error("model %s is served in dialect %r, which this API does not know", model, registration.dialect)
             raise ApiError(503, f"The model '{model}' speaks a dialect this server cannot render yet; retry "
                            "shortly.", param="model") from exc

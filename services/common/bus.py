@@ -8,6 +8,8 @@ Subjects (``ns`` is the deployment namespace):
 KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
 model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders),
 ``ns_affinity_leases`` and ``ns_affinity_holders`` (each model's affinity shards' workers).
+Object stores: ``ns_requests`` (requests too large for a message), ``ns_model_files``
+(chat-template models' files, by digest).
 """
 
 from __future__ import annotations
@@ -150,6 +152,10 @@ class Names:
     def requests_store(self) -> str:
         return f"{self.namespace}_requests"
 
+    @property
+    def model_files_store(self) -> str:
+        return f"{self.namespace}_model_files"
+
     @classmethod
     def from_settings(cls, settings: Settings) -> Names:
         return cls(settings.namespace, settings.token_partitions, settings.stream_replicas)
@@ -240,8 +246,9 @@ async def remove_namespace(js: JetStreamContext, names: Names) -> None:
                    names.affinity_leases_bucket, names.affinity_holders_bucket):
         with suppress(Exception):
             await js.delete_key_value(bucket)
-    with suppress(Exception):
-        await js.delete_object_store(names.requests_store)
+    for store in (names.requests_store, names.model_files_store):
+        with suppress(Exception):
+            await js.delete_object_store(store)
 
 
 def durable_pull_config(

@@ -81,6 +81,11 @@ class CompletionSplitter(Protocol):
 
     def feed(self, token_ids: Sequence[int]) -> list[Fragment]: ...
 
+    def finish(self) -> list[Fragment]:
+        """The output ended (without a stop token, say at max_tokens): what was held back
+        to decide what it is."""
+        ...
+
 
 @dataclass(frozen=True)
 class Grammar:
@@ -109,6 +114,9 @@ class PromptFacts:
     functions: dict[str, OfferedTool] = field(default_factory=dict)
     # The text of the tool result the prompt ends with, if it ends with one.
     tool_result: str | None = None
+    # Whether the prompt leaves the model to reason (a template can close the reasoning
+    # block itself, as Qwen3's does with thinking turned off).
+    reasoning: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,12 @@ StructuredOutputScope = Literal["final", "whole"]
 
 class Dialect(Protocol):
     name: str
+
+    @property
+    def files(self) -> str | None:
+        """The digest of the model's files (ChatTemplateFiles) the dialect is built from;
+        None for one that needs none."""
+        ...
 
     def render(
         self, request: CreateResponseRequest, created_at: int, history: Sequence[dict[str, Any]] = (),

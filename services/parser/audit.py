@@ -6,6 +6,7 @@ missing (never overwriting one that exists)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -35,12 +36,17 @@ class AuditResult:
         return None
 
 
-async def audit(pool: asyncpg.Pool, response_id: str, restore: bool = False) -> AuditResult:
+async def audit(pool: asyncpg.Pool, response_id: str, restore: bool = False,
+                fetch_model_files: Callable[[str], Awaitable[None]] | None = None) -> AuditResult:
+    """``fetch_model_files``: puts the model files of a digest into the local directory
+    (for a chat-template model's response, whose files are on the bus)."""
     log = EventLog(pool)
     record = await log.load(response_id)
     if record is None:
         raise LookupError(f"no response {response_id}")
     context = ParseContext.model_validate(record.parse_context)
+    if context.dialect_files is not None and fetch_model_files is not None:
+        await fetch_model_files(context.dialect_files)
     sealing = context.reasoning_sealing
     seal = await ReasoningKeys(pool).holding(sealing.key_id) if sealing is not None else None
     state = ResponseState(response_id, record.base_snapshot, context, seal=seal)

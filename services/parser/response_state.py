@@ -16,7 +16,7 @@ from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStrea
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
 from steno.services.common.reasoning_seal import ReasoningSeal
-from steno.services.dialects import dialect_named
+from steno.services.dialects import dialect_for
 from steno.services.parser.response_builder import ResponseBuilder
 
 
@@ -45,7 +45,7 @@ class ResponseState:
         asks for a key they do not hold fails at its first batch."""
         self.response_id = response_id
         self._clock = clock
-        dialect = dialect_named(context.dialect)
+        dialect = dialect_for(context.dialect, context.dialect_files)
         self._splitter = dialect.splitter(context)
         sealing = context.reasoning_sealing
         sealer = None
@@ -145,6 +145,7 @@ class ResponseState:
         if self._placed(ended) is Placement.DUPLICATE:
             return None
         events = self._start_events()
+        events += self._builder.consume(self._splitter.finish(), [], None, None)
         events += self._builder.finish(ended, self._splitter.reasoning_tokens)
         self._order.advance(ended)
         return Applied(events, finished=True, recorded=[ended])

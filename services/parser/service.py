@@ -24,6 +24,7 @@ from steno.services.common.bus import Names, durable_pull_config, ensure_streams
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
 from steno.services.common.leases import PartitionLeases
+from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
@@ -145,6 +146,8 @@ class ParserService:
     async def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
                     consumed: list[TokenStreamMessage]) -> ResponseState:
         context = ParseContext.model_validate(parse_context)
+        if context.dialect_files is not None:
+            await ensure_model_files(self._js, self._names, context.dialect_files)
         sealing = context.reasoning_sealing
         seal = await self._reasoning_keys.holding(sealing.key_id) if sealing is not None else None
         state = ResponseState(response_id, base_snapshot, context, seal=seal)

@@ -6,11 +6,21 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
+from steno.schemas.bus import ChatTemplateFiles
 from steno.services import dialects
 from steno.services.common import bus
 from steno.services.common.config import Settings
 from steno.services.common.runtime import configure_logging, freeze_startup_heap, instance_id, run_until_signalled
+from steno.services.dialects.chat_template.families import FAMILIES
+from steno.services.dialects.chat_template.files import (
+    ModelFilesError,
+    files_for_family,
+    files_from_directory,
+    has_chat_template,
+)
+from steno.services.dialects.chat_template.tool_calls import TOOL_CALL_FORMATS
 from steno.services.worker.engine import Engine
 from steno.services.worker.simulator import DEFAULT_CONTEXT_TOKENS
 from steno.services.worker.worker import GenerationWorker
@@ -25,8 +35,11 @@ DEAD_ENGINE_DRAIN_S = 5.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name clients ask for")
     parser.add_argument("--engine", choices=["simulator", "vllm"], default="simulator")
-    parser.add_argument("--dialect", choices=sorted(dialects.DIALECTS), default=dialects.DEFAULT_DIALECT,
-                        help="the model's format: how its prompt is rendered and its output read")
+    parser.add_argument("--dialect", choices=["auto", *sorted(dialects.DIALECTS), dialects.CHAT_TEMPLATE],
+                        default="auto",
+                        help="the model's format: how its prompt is rendered and its output read (auto: the model "
+                        "directory's chat template where it has one and is not gpt-oss, else harmony; the "
+                        "simulator: --sim-dialect)")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight at most")
     parser.add_argument("--batch-interval-ms", type=float, default=20.0, help="token batch coalescing window")
     parser.add_argument("--batch-max-tokens", type=int, default=64)
@@ -38,6 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="the context the simulated model holds (prompts that fill it are refused)")
     simulator.add_argument("--sim-answer-tokens", type=int, default=0,
                            help="pad plain-text answers to completions of at least this many tokens (for load)")
+    simulator.add_argument("--sim-dialect", choices=SIMULATED_DIALECTS, default=dialects.DEFAULT_DIALECT,
+                           help="the format the simulator speaks: Harmony, or a chat-template family's "
+                           "template, reasoning and tool-call markup")
+    chat = parser.add_argument_group("chat-template models (picked from the model directory unless given)")
+    chat.add_argument("--chat-family", choices=sorted(FAMILIES), help="the model's family")
+    chat.add_argument("--chat-template", type=Path, help="a Jinja chat template file to use instead of the model's")
+    chat.add_argument("--tool-call-parser", choices=TOOL_CALL_FORMATS, help="how the model writes tool calls")
+    chat.add_argument("--reasoning-parser", choices=["auto", "none"], default="auto",
+                      help="none: the model does not reason in <think> blocks")
     vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
     vllm.add_argument("--model-path",
                       help="the model directory (or hub name) vLLM loads; --model stays the served name")
@@ -57,7 +79,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="at most this many consecutive whitespace characters inside constrained JSON")
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
+SIMULATED_DIALECTS = [dialects.DEFAULT_DIALECT, *sorted(FAMILIES)]
+
+
+def model_dialect(args: argparse.Namespace) -> tuple[str, ChatTemplateFiles | None]:
+    """The dialect the worker's model speaks, and its files for a chat-template model."""
+    if args.engine == "simulator":
+        if args.sim_dialect == dialects.DEFAULT_DIALECT:
+            return dialects.DEFAULT_DIALECT, None
+        return dialects.CHAT_TEMPLATE, files_for_family(FAMILIES[args.sim_dialect])
+    directory = Path(args.model_path)
+    if args.dialect == dialects.DEFAULT_DIALECT or (args.dialect == "auto" and not (
+            args.chat_template is not None or has_chat_template(directory))):
+        return dialects.DEFAULT_DIALECT, None
+    try:
+        files = files_from_directory(directory, family=args.chat_family, chat_template=args.chat_template,
+                                     tool_call_format=args.tool_call_parser,
+                                     reasoning=False if args.reasoning_parser == "none" else None)
+    except ModelFilesError as exc:
+        raise SystemExit(f"steno worker: {exc}") from exc
+    return dialects.CHAT_TEMPLATE, files
+
+
+def build_engine(args: argparse.Namespace, dialect: str, files: ChatTemplateFiles | None) -> Engine:
     if args.engine == "vllm":
         if not args.model_path:
             raise SystemExit("steno worker: --engine vllm needs --model-path (the model directory)")
@@ -79,7 +123,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 enforce_eager=args.enforce_eager,
-                dialect=args.dialect,
+                dialect=dialect,
+                dialect_files=files,
                 structured_output_scope=args.structured_output_scope,
                 json_max_whitespace=args.structured_output_max_whitespace,
             )
@@ -87,7 +132,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
     return SimulatorEngine(
-        dialects.dialect_named(args.dialect),
+        dialects.chat_template_dialect(files) if files is not None else dialects.dialect_named(dialect),
         SimulatorTiming(first_token_delay_s=args.sim_first_token_delay_ms / 1000, tokens_per_s=args.sim_tokens_per_s),
         args.sim_context_tokens,
         args.sim_answer_tokens,
@@ -99,8 +144,9 @@ def run(args: argparse.Namespace) -> None:
     settings = Settings.from_env()
 
     async def main(stop: asyncio.Event) -> None:
+        dialect, files = model_dialect(args)
         # Before connecting: starting vLLM blocks for a while (model load, engine core).
-        engine = build_engine(args)
+        engine = build_engine(args, dialect, files)
         # vLLM and torch are imported only now, after the start-up freeze: they leave
         # hundreds of thousands of objects to the collector, and a full collection over
         # them stalls every stream here (docs/performance.md).
@@ -111,7 +157,8 @@ def run(args: argparse.Namespace) -> None:
             bus.Names.from_settings(settings),
             args.model,
             engine,
-            dialect=args.dialect,
+            dialect=dialect,
+            dialect_files=files,
             instance_id=instance_id(),
             concurrency=args.concurrency,
             batch_interval_s=args.batch_interval_ms / 1000,

@@ -102,7 +102,13 @@ def _directed_call(facts: PromptFacts, reasoning: str) -> list[CompletionMessage
 
 
 def completion_messages(facts: PromptFacts, answer_format: StructuredOutput | None = None) -> list[CompletionMessage]:
-    """What the simulator says to a prompt."""
+    """What the simulator says to a prompt (without its reasoning where the prompt
+    leaves none)."""
+    said = _said(facts, answer_format)
+    return said if facts.reasoning else [message for message in said if message.channel != "analysis"]
+
+
+def _said(facts: PromptFacts, answer_format: StructuredOutput | None) -> list[CompletionMessage]:
     if facts.tool_result is not None:
         return [
             CompletionMessage("analysis", "Simulated reasoning: the tool answered; I will report it."),

@@ -30,8 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steno.schemas.bus import FinishReason, SamplingParams, StructuredOutput
-from steno.services.dialects import DEFAULT_DIALECT, Dialect, StructuredOutputScope, dialect_named
+from steno.schemas.bus import ChatTemplateFiles, FinishReason, SamplingParams, StructuredOutput
+from steno.services.dialects import (
+    DEFAULT_DIALECT,
+    Dialect,
+    StructuredOutputScope,
+    chat_template_dialect,
+    dialect_named,
+)
 from steno.services.worker.engine import EngineDead, EngineError, EngineOutput
 
 log = logging.getLogger(__name__)
@@ -65,8 +71,15 @@ class VllmOptions:
     # constrained JSON (weak or random models can otherwise emit whitespace until
     # max_tokens).
     dialect: str = DEFAULT_DIALECT
+    # A chat-template model's files (its dialect is built from them).
+    dialect_files: ChatTemplateFiles | None = None
     structured_output_scope: StructuredOutputScope = "final"
     json_max_whitespace: int | None = None
+
+    def model_dialect(self) -> Dialect:
+        if self.dialect_files is not None:
+            return chat_template_dialect(self.dialect_files)
+        return dialect_named(self.dialect)
 
     def has_tokenizer(self) -> bool:
         if self.tokenizer:
@@ -149,6 +162,7 @@ class VllmEngine:
         self._options = options
         self._owns_llm = owns_llm
         self._has_tokenizer = options.has_tokenizer()
+        self._dialect = options.model_dialect()
         self._aborted: dict[str, float] = {}
         self._dead: BaseException | None = None
         self._died = asyncio.Event()
@@ -226,7 +240,7 @@ class VllmEngine:
                     "this worker runs without one (start it with --tokenizer)"
                 )
             kwargs["structured_outputs"] = structured_outputs_params(
-                sampling.structured_output, dialect_named(self._options.dialect),
+                sampling.structured_output, self._dialect,
                 self._options.structured_output_scope, self._options.json_max_whitespace
             )
         return VllmSamplingParams(**kwargs)

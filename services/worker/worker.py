@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import ObjectNotFoundError
 
 from steno.schemas.bus import (
+    ChatTemplateFiles,
     FinishReason,
     GenerationEnded,
     GenerationRequest,
@@ -49,6 +50,7 @@ from steno.services.common.bus import (
 from steno.services.common.continuous_pull import ContinuousPull, Credits
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
+from steno.services.common.model_files import publish_model_files
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
 from steno.services.worker.token_batcher import PendingBatch, coalesce
@@ -76,6 +78,7 @@ class GenerationWorker:
         *,
         dialect: str,
         instance_id: str,
+        dialect_files: ChatTemplateFiles | None = None,
         concurrency: int = 64,
         batch_interval_s: float = 0.005,
         batch_max_tokens: int = 64,
@@ -86,8 +89,10 @@ class GenerationWorker:
         self._names = names
         self._model = model
         self._engine = engine
+        self._dialect_files = dialect_files
         self._registration = WorkerRegistration(model=model, engine=engine.name, dialect=dialect,
-                                                context_tokens=engine.context_tokens, created=int(time.time()))
+                                                context_tokens=engine.context_tokens, created=int(time.time()),
+                                                dialect_files=dialect_files.digest() if dialect_files else None)
         self._concurrency = concurrency
         self._credits = Credits(concurrency)
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
@@ -109,6 +114,8 @@ class GenerationWorker:
     async def run(self) -> None:
         names = self._names
         await ensure_streams(self._js, names)
+        if self._dialect_files is not None:
+            await publish_model_files(self._js, names, self._dialect_files)
         durable = names.worker_consumer(self._model)
         await self._js.add_consumer(
             names.gen_stream,

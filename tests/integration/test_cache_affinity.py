@@ -3,7 +3,6 @@ whose prefix cache then holds their prompt (the usage's cached_tokens says so), 
 key's shard moves to another worker when its worker dies or stops."""
 
 import asyncio
-import dataclasses
 import signal
 import time
 
@@ -12,9 +11,10 @@ import openai
 import pytest
 from nats.js.errors import BucketNotFoundError, NoKeysError
 
-from steno.infra.processes import Stack, remove_namespace
+from steno.infra.processes import Stack
 from steno.services.common.bus import Names, model_token
 from steno.services.worker.prefix_cache import BLOCK_TOKENS
+from tests.conftest import separate_stack
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +56,10 @@ def wait_for_holders(settings, count: int, timeout_s: float = 30.0) -> None:
 
 @pytest.fixture
 def affinity_stack(settings, tmp_path):
-    stack = Stack(dataclasses.replace(settings, namespace=settings.namespace + "affinity"), tmp_path)
-    stack.create_key("a")
-    try:
+    with separate_stack(settings, "affinity", tmp_path) as stack:
         stack.add("parser", "parser")
         stack.add_api()
         yield stack
-    except Exception:
-        print(stack.logs())
-        raise
-    finally:
-        stack.stop()
-        remove_namespace(stack.settings)
 
 
 def ask(client: openai.OpenAI, key: str) -> openai.types.responses.Response:

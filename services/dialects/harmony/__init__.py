@@ -17,6 +17,7 @@ from steno.services.dialects.harmony.splitter import HarmonyGrammar, HarmonyStre
 
 class HarmonyDialect:
     name = "harmony"
+    files = None
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self.encoding = encoding

@@ -39,6 +39,10 @@ class HarmonyStreamSplitter:
         # as usage.output_tokens_details.reasoning_tokens.
         self.reasoning_tokens = 0
 
+    def finish(self) -> list[Fragment]:
+        """Harmony holds nothing back: a message cut short is closed by the builder."""
+        return []
+
     def feed(self, token_ids: Sequence[int]) -> list[Fragment]:
         fragments: list[Fragment] = []
         if self._broken:
