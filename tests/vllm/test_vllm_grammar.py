@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from steno.services.dialects.chat_template.grammar import answer_grammar as chat_template_answer_grammar
 from steno.services.dialects.harmony.grammar import final_json_tag, json_format
 from steno.services.dialects.harmony.vocabulary import harmony_encoding
 from steno.services.worker.vllm_engine import LOGPROB_FLOOR, convert_logprobs
@@ -160,3 +161,47 @@ def test_sampling_params_map_every_field(tmp_path):
     bare = VllmEngine(None, VllmOptions(model_path=str(tmp_path)))  # a model directory without a tokenizer
     with pytest.raises(EngineError, match="tokenizer"):
         bare.sampling_params(SamplingParams(structured_output=StructuredOutput(kind="json_object")))
+
+
+@pytest.fixture(scope="module")
+def qwen3_matcher_for(tmp_path_factory):
+    """Matchers over the tiny Qwen3's tokenizer (the qwen3 family's markers, bytes)."""
+    xgr = pytest.importorskip("xgrammar")
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from steno.infra.tiny_model import build_tiny_qwen3
+
+    directory = build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-grammar"))
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer),
+                                              stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    compiler = xgr.GrammarCompiler(info)
+
+    def make(scope: str):
+        import json
+
+        tag = chat_template_answer_grammar(SCHEMA, scope, None, ("<think>", "</think>"))
+        return xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag))), tokenizer
+
+    return make
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(("scope", "completion", "accepted"), [
+    ("final", f"<think>\nLet me think.\n</think>\n\n{ANSWER}", True),
+    ("final", f"Already thinking (the prompt opened the block).</think>{ANSWER}", True),
+    ("final", f"</think>{ANSWER}", True),
+    ("final", ANSWER, False),  # the reasoning block must close first: this is still reasoning
+    ("final", '<think>x</think>{"color": "blue", "note": "x"}', False),
+    ("whole", ANSWER, True),
+    ("whole", f"<think>x</think>{ANSWER}", False),
+])
+def test_a_chat_template_models_grammar_frees_the_reasoning_block_and_constrains_the_answer(
+        qwen3_matcher_for, scope, completion, accepted):
+    matcher, tokenizer = qwen3_matcher_for(scope)
+    tokens = tokenizer.encode(completion, add_special_tokens=False)
+    # A whole completion: every token allowed, then the end of the turn.
+    complete = accepts(matcher, tokens) and (
+        matcher.is_terminated() or matcher.accept_token(tokenizer.convert_tokens_to_ids("<|im_end|>")))
+    assert complete == accepted

@@ -28,5 +28,7 @@ def answer_grammar(schema: dict[str, Any], scope: StructuredOutputScope, max_whi
     reasoning = {"type": "sequence", "elements": [
         {"type": "optional", "content": {"type": "const_string", "value": open_tag}},
         {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": close_tag},
+        # Models leave a blank line between the block and the answer.
+        {"type": "regex", "pattern": r"\s*"},
     ]}
     return {"type": "structural_tag", "format": {"type": "sequence", "elements": [reasoning, answer]}}
