@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "affinity", "vllm"]
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "vllm"]
 EXTRA_HINT = "pip install 'steno[bench]'"
 
 
@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fanout-clients", type=int, default=2000)
     parser.add_argument("--replay-events", type=int, default=10_000)
     parser.add_argument("--cancels", type=int, default=10)
+    parser.add_argument("--retention-expired", type=int, default=20_000, help="expired responses to sweep")
+    parser.add_argument("--retention-rounds", type=int, default=60, help="rounds of 16 streams (at most, sweeping)")
     parser.add_argument("--affinity-workers", type=int, default=3, help="workers of the model (affinity)")
     parser.add_argument("--affinity-conversations", type=int, default=24)
     parser.add_argument("--affinity-turns", type=int, default=6)

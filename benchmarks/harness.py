@@ -11,6 +11,8 @@ Scenarios:
   replay      time to replay a finished 10,000-event response to a client
   storage     bytes per event and per token in Postgres
   cancel      time from POST /cancel to the terminal event, for generating responses
+  retention   stream latency while the sweeper deletes a backlog of expired responses
+              (with their events), against the same streams with nothing to sweep
   affinity    multi-turn conversations over several workers of one model, with and
               without prompt_cache_key: the share of prompt tokens found in the serving
               worker's prefix cache (the simulator's model of one)
@@ -52,6 +54,7 @@ from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
+from steno.services.api.retention import RetentionSweeper
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import Settings
@@ -543,6 +546,54 @@ class Bench:
               f"{result['with_key']['cached_share']:.0%} with it", flush=True)
         return result
 
+    async def retention(self, expired: int, level: int, rounds: int) -> dict[str, Any]:
+        """Rounds of ``level`` streams with nothing to sweep, then the same while the
+        sweeper works through ``expired`` expired responses of 20 events each (stored just
+        before, so that the API's own sweeper has not taken them yet)."""
+        pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
+        result: dict[str, Any] = {"expired_responses": expired, "streams": level}
+        try:
+            async with sse_clients(self.steno_urls, level) as clients:
+                async def rounds_of_streams(label: str, until: asyncio.Task | None = None) -> list[dict[str, Any]]:
+                    samples: list[dict[str, Any]] = []
+                    for _ in range(rounds):
+                        samples += await asyncio.gather(*(one_stream(clients[i % len(clients)], f"{label} {i}")
+                                                          for i in range(level)))
+                        if until is not None and until.done():
+                            break
+                    return samples
+
+                await rounds_of_streams("warm up")
+                quiet = await rounds_of_streams("quiet")
+                await pool.execute("""
+                    INSERT INTO responses (id, tenant_id, model, status, background, store, request, parse_context,
+                                           base_snapshot, created_at, expires_at)
+                    SELECT 'resp_expired' || n, 'bench', 'm', 'completed', false, true, '{}', '{}', '{}',
+                           now() - interval '2 days', now() - interval '1 day'
+                    FROM generate_series(1, $1) AS n""", expired)
+                await pool.execute("""
+                    INSERT INTO response_events (response_id, seq, type, payload)
+                    SELECT 'resp_expired' || n, seq, 'response.output_text.delta', repeat('x', 200)
+                    FROM generate_series(1, $1) AS n, generate_series(0, 19) AS seq""", expired)
+                started = time.perf_counter()
+                sweep = asyncio.create_task(RetentionSweeper(pool, ResponseStore(pool)).sweep())
+                sweeping = await rounds_of_streams("sweeping", until=sweep)
+                swept = await sweep
+                sweep_s = time.perf_counter() - started
+        finally:
+            await pool.close()
+        for name, samples in (("quiet", quiet), ("sweeping", sweeping)):
+            result[name] = _ttfe_summary(samples, {})
+        result["sweep_s"] = sweep_s
+        result["swept_responses"] = swept.responses
+        print(f"retention: {swept.responses} of {expired} expired responses ({expired * 20} events) swept here in "
+              f"{sweep_s:.1f} s (the API's own sweeper takes a share); first content at {level} streams p50/p99: "
+              f"{result['quiet']['first_content_ms_p50']:.1f}/{result['quiet']['first_content_ms_p99']:.1f} ms with "
+              f"nothing to sweep, {result['sweeping']['first_content_ms_p50']:.1f}/"
+              f"{result['sweeping']['first_content_ms_p99']:.1f} ms while sweeping ({len(sweeping)} streams)",
+              flush=True)
+        return result
+
     async def storage(self) -> dict[str, Any]:
         conn = await asyncpg.connect(self.database_url)
         try:
@@ -619,6 +670,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["storage"] = await bench.storage()
             if "cancel" in scenarios:
                 results["cancel"] = await bench.cancel(args.cancels)
+            if "retention" in scenarios:
+                results["retention"] = await bench.retention(args.retention_expired, 16, args.retention_rounds)
             if "affinity" in scenarios:
                 results["affinity"] = await bench.affinity(args.affinity_workers, args.affinity_conversations,
                                                            args.affinity_turns)

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
+# The metadata key that sets how long a stored response (or conversation) is kept
+# (migration 0010: it wins over the tenant's and the default retention policy).
+RETENTION_METADATA_KEY = "steno_retention_days"
+MAX_RETENTION_DAYS = 36_500
 MAX_METADATA_VALUE = 512
 MAX_INT64 = 2**63 - 1
 
@@ -54,6 +58,12 @@ class StreamOptions(_Body):
     include_obfuscation: bool | None = None
 
 
+class ConversationReference(_Body):
+    """A request's ``conversation`` given as an object."""
+
+    id: str
+
+
 class CreateResponseRequest(_Body):
     """``POST /v1/responses``."""
 
@@ -86,10 +96,12 @@ class CreateResponseRequest(_Body):
     seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT64)
     # Sent by clients (Codex) to every provider; kept with the request.
     client_metadata: dict[str, Any] | None = None
-    # The SDK's, with no meaning here: accepted and kept with the request. ``conversation``
-    # and ``prompt`` (a stored prompt template) name state Steno does not hold; they are
-    # refused when set (see ``responses.py``).
-    conversation: str | dict[str, Any] | None = None
+    # The conversation whose items are the response's history, and which its input and
+    # output are appended to (``services/api/conversations.py``).
+    conversation: str | ConversationReference | None = None
+    # The SDK's, with no meaning here: accepted and kept with the request. ``prompt`` (a
+    # stored prompt template) names state Steno does not hold; it is refused when set
+    # (see ``responses.py``).
     prompt: dict[str, Any] | None = None
     access_programs: Any = None
     background_options: Any = None
@@ -101,16 +113,31 @@ class CreateResponseRequest(_Body):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is None:
-            return value
-        if len(value) > MAX_METADATA_PAIRS:
-            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs")
-        for key, item in value.items():
-            if len(key) > MAX_METADATA_KEY:
-                raise ValueError(f"keys are at most {MAX_METADATA_KEY} characters")
-            if len(item) > MAX_METADATA_VALUE:
-                raise ValueError(f"values are at most {MAX_METADATA_VALUE} characters")
+        return checked_metadata(value)
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The conversation named, whichever way it was."""
+        return self.conversation.id if isinstance(self.conversation, ConversationReference) else self.conversation
+
+
+def checked_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """Metadata within OpenAI's limits (and a retention Steno can apply), for responses
+    and conversations alike."""
+    if value is None:
         return value
+    if len(value) > MAX_METADATA_PAIRS:
+        raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise ValueError(f"keys are at most {MAX_METADATA_KEY} characters")
+        if len(item) > MAX_METADATA_VALUE:
+            raise ValueError(f"values are at most {MAX_METADATA_VALUE} characters")
+    retention = value.get(RETENTION_METADATA_KEY)
+    if retention is not None and not (retention.isascii() and retention.isdigit()
+                                      and 0 < int(retention) <= MAX_RETENTION_DAYS):
+        raise ValueError(f"{RETENTION_METADATA_KEY} is a whole number of days, 1 to {MAX_RETENTION_DAYS}")
+    return value
 
 
 class CountInputTokensRequest(_Body):
@@ -126,9 +153,47 @@ class CountInputTokensRequest(_Body):
     reasoning: ReasoningParams | None = None
     text: TextParams | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
-    conversation: str | dict[str, Any] | None = None
+    conversation: str | ConversationReference | None = None
     personality: str | None = None
 
     def as_request(self) -> CreateResponseRequest:
         """The request whose prompt this counts."""
         return CreateResponseRequest.model_validate(self.model_dump(exclude={"personality"}))
+
+
+# At most this many items are added to a conversation by one request, as OpenAI allows.
+MAX_CONVERSATION_ITEMS = 20
+
+
+class CreateConversationRequest(_Body):
+    """``POST /v1/conversations``: the SDK's ``ConversationCreateParams``."""
+
+    items: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_CONVERSATION_ITEMS)
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return checked_metadata(value)
+
+
+class UpdateConversationRequest(BaseModel):
+    """``POST /v1/conversations/{id}``: the SDK's ``ConversationUpdateParams``, whose
+    metadata replaces the conversation's. Required, and null clears it (so not a
+    ``_Body``, where null means the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metadata: dict[str, str] | None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return checked_metadata(value)
+
+
+class CreateConversationItemsRequest(_Body):
+    """``POST /v1/conversations/{id}/items``: the SDK's ``ItemCreateParams`` body
+    (``include`` comes in the query)."""
+
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_CONVERSATION_ITEMS)

@@ -38,6 +38,10 @@ class ParserSeed(BaseModel):
 
     base_snapshot: dict[str, Any]
     parse_context: dict[str, Any]
+    # The hash of the last event the API stored (hex; ``schemas/chain.py``), which the
+    # parser's first event chains to. None from an API that predates the chain: the
+    # parser then reads it from Postgres.
+    chain_head: str | None = None
 
 
 class GenerationRequest(BaseModel):
@@ -51,6 +55,11 @@ class GenerationRequest(BaseModel):
     prompt_token_ids: list[int]
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     parser_seed: ParserSeed | None = None
+
+    def chain_from(self, head: bytes) -> None:
+        """Hands the parser the hash its first event chains to (the API's last stored event)."""
+        if self.parser_seed is not None:
+            self.parser_seed.chain_head = head.hex()
 
 
 class StoredGenerationRequest(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # A cancelled response ends in ``response.completed`` carrying status "cancelled", as the
 # SDK has no event of its own for it (TensorRT-LLM does the same).
@@ -59,6 +59,10 @@ class LoggedEvent(BaseModel):
     seq: int
     type: str
     payload: str
+    # Its link in the response's hash chain (``schemas/chain.py``), set by the writer that
+    # stores it; None for events stored before there was a chain. Never sent on the bus:
+    # live tails need the payload alone.
+    hash: bytes | None = Field(default=None, exclude=True)
 
     @property
     def is_terminal(self) -> bool:

@@ -27,3 +27,14 @@ def origin_of(response_id: str) -> str:
 def derived_id(prefix: str, response_id: str, position: int) -> str:
     digest = hashlib.blake2b(f"{response_id}/{position}/{prefix}".encode(), digest_size=16)
     return f"{prefix}_{digest.hexdigest()}"
+
+
+def new_conversation_id() -> str:
+    """``conv_`` + 48 random hex characters."""
+    return "conv_" + secrets.token_hex(24)
+
+
+def new_item_id(prefix: str) -> str:
+    """The id of an item added to a conversation without one: random, since it belongs
+    to no response whose id it could derive from."""
+    return f"{prefix}_{secrets.token_hex(24)}"

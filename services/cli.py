@@ -17,37 +17,6 @@ def _migrate(_: argparse.Namespace) -> None:
     print(f"migrated {url}")
 
 
-def _audit(args: argparse.Namespace) -> None:
-    from steno.services.common import bus, db
-    from steno.services.common.config import Settings
-    from steno.services.common.model_files import ensure_model_files
-    from steno.services.parser.audit import audit
-
-    async def run() -> bool:
-        settings = Settings.from_env()
-        pool = await db.create_pool(settings.database_url)
-
-        async def fetch_model_files(digest: str) -> None:
-            nc = await bus.connect(settings, "steno-audit", max_reconnect_attempts=0)
-            try:
-                await ensure_model_files(nc.jetstream(), bus.Names.from_settings(settings), digest)
-            finally:
-                await nc.close()
-
-        try:
-            result = await audit(pool, args.response_id, restore=args.restore, fetch_model_files=fetch_model_files)
-        finally:
-            await pool.close()
-        if result.identical:
-            print(f"{args.response_id}: re-parse is byte-identical to the log ({len(result.stored)} parser events)")
-            return True
-        print(f"{args.response_id}: re-parse differs from the log from seq {result.first_difference()} "
-              f"({len(result.reparsed)} re-parsed, {len(result.stored)} stored)")
-        return False
-
-    sys.exit(0 if asyncio.run(run()) else 1)
-
-
 def _keys(args: argparse.Namespace) -> None:
     from steno.services.api import keys
     from steno.services.common import db
@@ -106,9 +75,52 @@ def _reasoning_keys(args: argparse.Namespace) -> None:
     sys.exit(asyncio.run(run()))
 
 
+def _retention_days(text: str) -> int:
+    from steno.schemas.api import MAX_RETENTION_DAYS
+
+    if not (text.isascii() and text.isdigit() and 0 < int(text) <= MAX_RETENTION_DAYS):
+        raise argparse.ArgumentTypeError(f"a whole number of days, 1 to {MAX_RETENTION_DAYS}")
+    return int(text)
+
+
+def _retention(args: argparse.Namespace) -> None:
+    from steno.services.api import retention
+    from steno.services.api.store import ResponseStore
+    from steno.services.common import db
+    from steno.services.common.config import Settings
+
+    async def run() -> int:
+        pool = await db.create_pool(Settings.from_env().database_url)
+        try:
+            tenant: str = retention.DEFAULT_POLICY if getattr(args, "default", False) else getattr(args, "tenant", "")
+            named = "every tenant without a policy of its own" if tenant == retention.DEFAULT_POLICY \
+                else f"tenant {tenant}"
+            if args.action == "set":
+                await retention.set_policy(pool, tenant, args.days)
+                print(f"{named}: what is stored from now on is kept {args.days} days")
+            elif args.action == "clear":
+                if not await retention.clear_policy(pool, tenant):
+                    print(f"no policy for {named}", file=sys.stderr)
+                    return 1
+                print(f"{named}: no policy of its own any more")
+            elif args.action == "sweep":
+                swept = await retention.RetentionSweeper(pool, ResponseStore(pool)).sweep()
+                print(f"deleted {swept.conversations} expired conversations and {swept.responses} expired responses")
+            else:
+                for policy_tenant, days in await retention.list_policies(pool):
+                    print(f"{'default' if policy_tenant == retention.DEFAULT_POLICY else policy_tenant}  {days} days")
+            return 0
+        finally:
+            await pool.close()
+
+    sys.exit(asyncio.run(run()))
+
+
 def main(argv: list[str] | None = None) -> None:
     from steno.benchmarks import command as bench_command
     from steno.infra import stack
+    from steno.schemas.api import MAX_RETENTION_DAYS
+    from steno.services import audit as audit_command
     from steno.services.api import main as api_main
     from steno.services.parser import main as parser_main
     from steno.services.worker import main as worker_main
@@ -134,6 +146,18 @@ def main(argv: list[str] | None = None) -> None:
     key_actions.add_parser("revoke", help="revoke a key").add_argument("key_id")
     key_actions.add_parser("list", help="list keys (never the keys themselves)")
     keys.set_defaults(run=_keys)
+    retention = commands.add_parser("retention", help="how long stored responses and conversations are kept")
+    retention_actions = retention.add_subparsers(dest="action", required=True)
+    for action, what in (("set", "keep what is stored from now on this many days"), ("clear", "remove a policy")):
+        policy = retention_actions.add_parser(action, help=what)
+        whose = policy.add_mutually_exclusive_group(required=True)
+        whose.add_argument("--tenant", help="one tenant's policy")
+        whose.add_argument("--default", action="store_true", help="the policy of tenants without one")
+        if action == "set":
+            policy.add_argument("--days", type=_retention_days, required=True, metavar=f"1..{MAX_RETENTION_DAYS}")
+    retention_actions.add_parser("list", help="the policies")
+    retention_actions.add_parser("sweep", help="delete what has expired now (the API does it every 30 s)")
+    retention.set_defaults(run=_retention)
     sealing = commands.add_parser("reasoning-keys", help="the keys that seal reasoning for stateless clients")
     sealing_actions = sealing.add_subparsers(dest="action", required=True)
     sealing_actions.add_parser("rotate", help="add a newer key (older ones still open what they sealed)")
@@ -145,10 +169,8 @@ def main(argv: list[str] | None = None) -> None:
                                 "(needs the bench extra)")
     bench_command.add_arguments(bench)
     bench.set_defaults(run=bench_command.run)
-    audit = commands.add_parser("audit", help="re-parse a response from its stored tokens and compare with its log")
-    audit.add_argument("response_id")
-    audit.add_argument("--restore", action="store_true", help="write back events missing from the log")
-    audit.set_defaults(run=_audit)
+    audit = commands.add_parser("audit", help="verify, replay and transcribe stored responses and conversations")
+    audit_command.add_arguments(audit)
     args = parser.parse_args(argv)
     from steno.services.common.nats_options import NatsRefused, NatsSettingsError
 

@@ -16,10 +16,10 @@ import pytest
 
 from steno.infra.embedded import Infrastructure, resolve
 from steno.infra.processes import Stack, remove_namespace
+from steno.services.audit import verify_response
 from steno.services.common.config import Settings
 from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
-from steno.services.parser.audit import audit
 
 SLOW_MODEL = "steno-slow"
 # A model with a context larger than the bus's largest message holds in prompt token ids.
@@ -146,11 +146,15 @@ def separate_stack(settings: Settings, suffix: str, log_dir: Path) -> Iterator[S
 
 
 def reparses_identically(settings: Settings, response_id: str) -> bool:
-    """What ``steno audit`` says: the response's stored tokens re-parse into its log, byte for byte."""
+    """What ``steno audit verify`` says: the response's stored tokens re-parse into its
+    log, byte for byte, its snapshot is the fold of its log, and its hashes chain."""
     async def run() -> bool:
         pool = await asyncpg.create_pool(asyncpg_dsn(settings.database_url), min_size=1, max_size=2)
         try:
-            return (await audit(pool, response_id)).identical
+            verification = await verify_response(pool, response_id)
+            assert verification is not None, f"no response {response_id}"
+            assert verification.ok, verification.report()
+            return verification.hashed
         finally:
             await pool.close()
     return asyncio.run(run())

@@ -16,8 +16,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steno.schemas.ids import new_origin
-from steno.services import dialects
+from steno.services import audit, dialects
 from steno.services.api.auth import AuthenticateFirst, Authenticator
+from steno.services.api.conversation_store import ConversationStore
+from steno.services.api.conversations import ConversationsService
 from steno.services.api.errors import (
     UNAVAILABLE,
     ApiError,
@@ -33,6 +35,7 @@ from steno.services.api.keys import KeyResolver
 from steno.services.api.models import ModelDirectory
 from steno.services.api.rendering import PromptRenderer
 from steno.services.api.responses import ResponsesService
+from steno.services.api.retention import RetentionSweeper
 from steno.services.api.routes import create_fast_path, router
 from steno.services.api.store import ResponseStore
 from steno.services.common import bus, db
@@ -44,20 +47,19 @@ from steno.services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
 
-PURGE_EVERY_S = 30.0
-
 
 class Api:
-    """What the routes share, opened in the app's lifespan: the Responses service and
-    who is calling, over one NATS connection and one Postgres pool."""
+    """What the routes share, opened in the app's lifespan: the Responses and
+    Conversations services and who is calling, over one NATS connection and one
+    Postgres pool."""
 
-    def __init__(self, responses: ResponsesService, authenticate: Authenticator, store: ResponseStore,
-                 resources: AsyncExitStack) -> None:
+    def __init__(self, responses: ResponsesService, authenticate: Authenticator, sweeper: RetentionSweeper,
+                 resources: AsyncExitStack, conversations: ConversationsService) -> None:
         self.responses = responses
+        self.conversations = conversations
         self.authenticate = authenticate
-        self._store = store
         self._resources = resources
-        self._purger = asyncio.create_task(self._purge_expired())
+        self._sweeper = asyncio.create_task(sweeper.run())
 
     @classmethod
     async def open(cls, settings: Settings) -> Api:
@@ -84,30 +86,23 @@ class Api:
             store = ResponseStore(pool)
             renderer = PromptRenderer(settings.render_processes, settings.render_timeout_s)
             resources.callback(renderer.close)
+            conversations = ConversationsService(ConversationStore(pool), store)
             responses = ResponsesService(
                 names=names, js=js, store=store, reader=reader, tail=tail,
                 models=ModelDirectory(workers, settings.model_wait_s), renderer=renderer,
                 cancel_flags=await bus.cancel_flags(js, names), request_store=await bus.request_store(js, names),
                 message_limit=bus.message_limit(nc), origin=origin, reasoning_keys=ReasoningKeys(pool),
+                conversations=conversations,
             )
         except BaseException:
             await resources.aclose()
             raise
         authenticate = Authenticator(None if settings.auth_disabled else KeyResolver(pool))
-        return cls(responses, authenticate, store, resources)
-
-    async def _purge_expired(self) -> None:
-        """Deletes what must not outlive its stream (responses created with store=false)."""
-        while True:
-            await asyncio.sleep(PURGE_EVERY_S)
-            try:
-                await self._store.purge_expired()
-            except Exception:
-                log.warning("purging expired responses failed; trying again in %.0f s", PURGE_EVERY_S, exc_info=True)
+        return cls(responses, authenticate, RetentionSweeper(pool, store), resources, conversations)
 
     async def close(self) -> None:
-        self._purger.cancel()
-        await asyncio.gather(self._purger, return_exceptions=True)
+        self._sweeper.cancel()
+        await asyncio.gather(self._sweeper, return_exceptions=True)
         await self._resources.aclose()
 
 
@@ -173,5 +168,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outermost of the two: the caller is known before the size check reads the body.
     app.add_middleware(AuthenticateFirst)
     app.include_router(router)
+    app.include_router(audit.router)
     app.router.routes.insert(0, create_fast_path())
     return app

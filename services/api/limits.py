@@ -57,10 +57,20 @@ def check_request(request: CreateResponseRequest) -> None:
     _check(request, "", 0)
     if request.previous_response_id is not None and not is_id(request.previous_response_id):
         raise _invalid("previous_response_id", "not a response id.")
-    items = request.input if isinstance(request.input, list) else []
+    _check_item_ids(request.input if isinstance(request.input, list) else [], "input")
+
+
+def check_items(items: list[dict[str, Any]], where: str) -> None:
+    """Items added to a conversation (``where`` names them), held to what a request's
+    input items are: raises a 400 naming the offending field."""
+    _check(items, where, 1)  # as deep as a request's input list
+    _check_item_ids(items, where)
+
+
+def _check_item_ids(items: list[dict[str, Any]], where: str) -> None:
     for index, item in enumerate(items):
         if "id" in item and not (isinstance(item["id"], str) and is_id(item["id"])):
-            raise _invalid(f"input[{index}].id", "an item id is a string of letters, digits, '_', '-', '.' or ':'.")
+            raise _invalid(f"{where}[{index}].id", "an item id is a string of letters, digits, '_', '-', '.' or ':'.")
 
 
 def is_id(value: str) -> bool:

@@ -67,7 +67,7 @@ def base_snapshot(request: CreateResponseRequest, response_id: str, created_at: 
         "status": status,
         "background": request.background,
         "completed_at": None,
-        "conversation": None,
+        "conversation": {"id": request.conversation_id} if request.conversation_id is not None else None,
         "error": None,
         "incomplete_details": None,
         "instructions": request.instructions,

@@ -2,8 +2,10 @@
 
 Creating a response records it (row, input items, ``response.created``) in one
 statement, then queues its generation; streaming hands it to the edge; retrieving
-folds what is stored. Every lookup is scoped to the caller's tenant: another tenant's
-response is the same 404 as a missing one."""
+folds what is stored. A response made in a conversation takes its history from the
+conversation and is appended to it before it is queued (``conversations.py``). Every
+lookup is scoped to the caller's tenant: another tenant's response is the same 404 as a
+missing one."""
 
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ from steno.schemas.events import LoggedEvent, failure_events
 from steno.schemas.fold import fold
 from steno.schemas.ids import new_response_id
 from steno.schemas.responses import ReasoningSealing
+from steno.services.api.conversations import ConversationsService
 from steno.services.api.errors import ApiError
+from steno.services.api.item_references import resolved_references
 from steno.services.api.limits import check_request, is_id
 from steno.services.api.models import ModelDirectory
 from steno.services.api.rendering import PromptRenderer, RenderFailed
 from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_items, plan_response
-from steno.services.api.store import InputItemsPage, ResponseStore, StoredResponse
+from steno.services.api.store import InputItemsPage, NewResponse, ResponseStore, StoredResponse
 from steno.services.api.truncation import Conversation, TurnSearch, without_oldest_turns
 from steno.services.common.bus import Names, affinity_shard
 from steno.services.common.model_files import ModelFilesMissing, ensure_model_files
@@ -73,10 +77,11 @@ def check_include(include: list[str] | None, param: str = "include") -> None:
 
 def _refuse_unheld_state(request: CreateResponseRequest) -> None:
     """Fields that name state kept on OpenAI's side, which a server without it would
-    silently ignore: refused instead."""
-    if request.conversation is not None:
-        raise ApiError(400, "Conversations are not available on this server yet: carry the history with "
-                       "previous_response_id or in input.", param="conversation", code="unsupported_parameter")
+    silently ignore: refused instead; and a history asked for twice."""
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise ApiError(400, "Mutually exclusive parameters: Ensure you are only providing one of: "
+                       "'previous_response_id' or 'conversation'.", param="conversation",
+                       code="mutually_exclusive_parameters")
     if request.prompt is not None:
         raise ApiError(400, "Stored prompt templates are not available on this server: send the prompt's "
                        "text as instructions and input.", param="prompt", code="unsupported_parameter")
@@ -116,6 +121,7 @@ class ResponsesService:
         message_limit: int,
         origin: str,
         reasoning_keys: ReasoningKeys,
+        conversations: ConversationsService,
     ) -> None:
         """``origin``: this process's tag, carried by the ids it makes (their events are
         announced where ``tail`` listens for them). ``message_limit``: the largest bus
@@ -132,6 +138,7 @@ class ResponsesService:
         self._cancel_flags = cancel_flags
         self._origin = origin
         self._reasoning_keys = reasoning_keys
+        self._conversations = conversations
 
     async def create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
         """Records and queues a response: its event stream (``stream``), the queued
@@ -141,9 +148,13 @@ class ResponsesService:
         if request.background and not request.store:
             raise ApiError(400, "Background responses must be stored (store=true).", param="store",
                            code="invalid_value")
+        if request.conversation is not None and not request.store:
+            # A turn appended to a conversation is kept with it, which store=false rules out.
+            raise ApiError(400, "A response in a conversation is appended to it and must be stored (store=true); "
+                           "without storing, carry the history in input.", param="store", code="invalid_value")
         check_include(request.include)
         request = await self._resolved_references(request, tenant)
-        history = await self._history(request, tenant)
+        history = await self._history(request, tenant, for_new_turn=True)
         registration, dialect = await self._served(request.model)
         created_at = int(time.time())
         prompt, left_out = await self._render_to_fit(dialect, request, created_at, history, tenant, registration)
@@ -156,7 +167,9 @@ class ResponsesService:
         except InvalidInput as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
         snapshot = plan.record.base_snapshot
-        await self._store.create(plan.record, plan.first_events)
+        plan.generation.chain_from(await self._store.create(plan.record, plan.first_events))
+        if request.conversation_id is not None:
+            await self._append_to_conversation(request.conversation_id, tenant, plan.record)
         # A stream listens before the work is queued, so it starts from the events just
         # stored without reading them back.
         live = await self._tail.listen(response_id) if request.stream else None
@@ -185,7 +198,7 @@ class ResponsesService:
         check_request(request)
         _refuse_unheld_state(request)
         request = await self._resolved_references(request, tenant)
-        history = await self._history(request, tenant)
+        history = await self._history(request, tenant, for_new_turn=False)
         registration, dialect = await self._served(request.model)
         if request.truncation == "auto":
             prompt, _ = await self._render_to_fit(dialect, request, int(time.time()), history, tenant, registration)
@@ -238,22 +251,8 @@ class ResponsesService:
         it names (as it is then recorded, so that later turns need no lookup)."""
         if not isinstance(request.input, list):
             return request
-        wanted = {index: item.get("id") for index, item in enumerate(request.input)
-                  if isinstance(item, dict) and item.get("type") == "item_reference"}
-        if not wanted:
-            return request
-        for index, item_id in wanted.items():
-            if not isinstance(item_id, str) or not is_id(item_id):
-                raise ApiError(400, "An item_reference needs the id of a stored item.", param=f"input[{index}].id",
-                               code="invalid_value")
-        found = await self._store.items_by_id(tenant, sorted({str(item_id) for item_id in wanted.values()}))
-        items = list(request.input)
-        for index, item_id in wanted.items():
-            if item_id not in found:
-                raise ApiError(400, f"Item with id '{item_id}' not found.", param=f"input[{index}].id",
-                               code="invalid_value")
-            items[index] = found[str(item_id)]
-        return request.model_copy(update={"input": items})
+        items = await resolved_references(request.input, self._store, tenant, "input")
+        return request if items is request.input else request.model_copy(update={"input": items})
 
     async def _opened_reasoning(self, request: CreateResponseRequest, tenant: str) -> CreateResponseRequest:
         """``request`` with each reasoning input item that carries ``encrypted_content``
@@ -395,7 +394,12 @@ class ResponsesService:
             raise ApiError(503, f"The model '{model}' speaks a dialect this server cannot render yet; retry "
                            "shortly.", param="model") from exc
 
-    async def _history(self, request: CreateResponseRequest, tenant: str) -> list[dict[str, Any]]:
+    async def _history(self, request: CreateResponseRequest, tenant: str, *,
+                       for_new_turn: bool) -> list[dict[str, Any]]:
+        """What earlier turns said: the conversation's items, or the previous responses'
+        input and output items."""
+        if request.conversation_id is not None:
+            return await self._conversations.history(request.conversation_id, tenant, for_new_turn=for_new_turn)
         if request.previous_response_id is None:
             return []
         chain = await self._store.conversation_before(request.previous_response_id, tenant)
@@ -407,6 +411,17 @@ class ResponsesService:
                            param="previous_response_id", code="previous_response_in_progress")
         inputs = await self._store.input_items_of([turn.response_id for turn in chain])
         return history_items(chain, inputs)
+
+    async def _append_to_conversation(self, conversation_id: str, tenant: str, record: NewResponse) -> None:
+        """Makes the response just stored (not yet queued) the conversation's next turn;
+        one the conversation refuses (another turn running, deleted meanwhile) is
+        deleted again, unseen."""
+        try:
+            await self._conversations.append_response(conversation_id, tenant, record.response_id,
+                                                      record.input_items)
+        except ApiError:
+            await self._store.delete(record.response_id, tenant)
+            raise
 
     def _event_stream(self, response_id: str, after: int, snapshot: dict[str, Any], live: LiveEvents | None = None,
                       known: list[LoggedEvent] | None = None) -> EventStream:

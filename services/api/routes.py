@@ -1,9 +1,11 @@
-"""``/v1/responses`` over HTTP: each route reads the request, calls the Responses
-service (``responses.py``) as the caller's tenant, and writes what it returns."""
+"""``/v1/responses`` and ``/v1/conversations`` over HTTP: each route reads the request,
+calls the Responses service (``responses.py``) or the Conversations service
+(``conversations.py``) as the caller's tenant, and writes what it returns."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -15,7 +17,14 @@ from pydantic import ValidationError
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steno.schemas.api import CountInputTokensRequest, CreateResponseRequest
+from steno.schemas.api import (
+    CountInputTokensRequest,
+    CreateConversationItemsRequest,
+    CreateConversationRequest,
+    CreateResponseRequest,
+    UpdateConversationRequest,
+)
+from steno.services.api.conversations import ConversationsService
 from steno.services.api.errors import ApiError, validation_error_handler
 from steno.services.api.responses import EventStream, ResponsesService, check_include
 from steno.services.edge import EventStreamResponse
@@ -28,6 +37,11 @@ _SEQUENCE_NUMBER = re.compile(r"^[0-9]{1,18}$")
 # hop per request.
 async def responses_service(request: Request) -> ResponsesService:
     service: ResponsesService = request.app.state.api.responses
+    return service
+
+
+async def conversations_service(request: Request) -> ConversationsService:
+    service: ConversationsService = request.app.state.api.conversations
     return service
 
 
@@ -47,9 +61,28 @@ async def query_includes(
     return values
 
 
+@dataclass(frozen=True)
+class ListQuery:
+    """A list's page, as OpenAI's list routes take it."""
+
+    after: str | None
+    limit: int
+    descending: bool
+
+
+async def list_query(
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+) -> ListQuery:
+    return ListQuery(after, limit, descending=order == "desc")
+
+
 Service = Annotated[ResponsesService, Depends(responses_service)]
+Conversations = Annotated[ConversationsService, Depends(conversations_service)]
 Tenant = Annotated[str, Depends(tenant_of)]
 Includes = Annotated[list[str], Depends(query_includes)]
+Page = Annotated[ListQuery, Depends(list_query)]
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -119,16 +152,9 @@ async def delete_response(response_id: str, service: Service, tenant: Tenant) ->
 
 
 @router.get("/v1/responses/{response_id}/input_items")
-async def list_input_items(
-    response_id: str,
-    service: Service,
-    tenant: Tenant,
-    include: Includes,
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
-) -> Response:
-    page = await service.input_items(response_id, tenant, after, limit, descending=order == "desc")
+async def list_input_items(response_id: str, service: Service, tenant: Tenant, include: Includes,
+                           query: Page) -> Response:
+    page = await service.input_items(response_id, tenant, query.after, query.limit, descending=query.descending)
     return _json({
         "object": "list",
         "data": page.items,
@@ -136,6 +162,53 @@ async def list_input_items(
         "last_id": page.items[-1]["id"] if page.items else None,
         "has_more": page.has_more,
     })
+
+
+@router.post("/v1/conversations")
+async def create_conversation(service: Conversations, tenant: Tenant,
+                              body: CreateConversationRequest | None = None) -> Response:
+    return _json(await service.create(body or CreateConversationRequest(), tenant))
+
+
+@router.get("/v1/conversations/{conversation_id}")
+async def retrieve_conversation(conversation_id: str, service: Conversations, tenant: Tenant) -> Response:
+    return _json(await service.retrieve(conversation_id, tenant))
+
+
+@router.post("/v1/conversations/{conversation_id}")
+async def update_conversation(conversation_id: str, body: UpdateConversationRequest, service: Conversations,
+                              tenant: Tenant) -> Response:
+    return _json(await service.update(conversation_id, body, tenant))
+
+
+@router.delete("/v1/conversations/{conversation_id}")
+async def delete_conversation(conversation_id: str, service: Conversations, tenant: Tenant) -> Response:
+    return _json(await service.delete(conversation_id, tenant))
+
+
+@router.post("/v1/conversations/{conversation_id}/items")
+async def create_conversation_items(conversation_id: str, body: CreateConversationItemsRequest,
+                                    service: Conversations, tenant: Tenant, include: Includes) -> Response:
+    return _json(await service.add_items(conversation_id, body, tenant))
+
+
+@router.get("/v1/conversations/{conversation_id}/items")
+async def list_conversation_items(conversation_id: str, service: Conversations, tenant: Tenant, include: Includes,
+                                  query: Page) -> Response:
+    return _json(await service.list_items(conversation_id, tenant, query.after, query.limit,
+                                          descending=query.descending))
+
+
+@router.get("/v1/conversations/{conversation_id}/items/{item_id}")
+async def retrieve_conversation_item(conversation_id: str, item_id: str, service: Conversations, tenant: Tenant,
+                                     include: Includes) -> Response:
+    return _json(await service.item(conversation_id, item_id, tenant))
+
+
+@router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
+async def delete_conversation_item(conversation_id: str, item_id: str, service: Conversations,
+                                   tenant: Tenant) -> Response:
+    return _json(await service.delete_item(conversation_id, item_id, tenant))
 
 
 class CreateFastPath:

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from steno.schemas.chain import GENESIS, chain_hashes
 from steno.schemas.events import LoggedEvent
 from steno.services.common.db import UNSTORED_GRACE, unnest_columns
 from steno.services.common.group_commit import GroupCommitter
@@ -29,6 +30,17 @@ class NewResponse:
     parse_context: dict[str, Any]
     base_snapshot: dict[str, Any]
     input_items: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """The stored event a response's first event chains to (``schemas/chain.py``): the
+    last event of the response it continues, as it stood when the response was made."""
+
+    response_id: str
+    seq: int
+    # None when that event predates the chain: the first event then chains to GENESIS.
+    hash: bytes | None
 
 
 @dataclass(frozen=True)
@@ -65,27 +77,58 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _conversation_of(request: dict[str, Any]) -> str | None:
+    """The conversation a recorded request names (an id, or ``{"id": ...}``)."""
+    named = request.get("conversation")
+    if isinstance(named, dict):
+        named = named.get("id")
+    return named if isinstance(named, str) else None
+
+
 class ResponseStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._creates: GroupCommitter[tuple[NewResponse, list[LoggedEvent]]] = GroupCommitter(self._create_many)
+        self._creates: GroupCommitter[tuple[NewResponse, list[LoggedEvent], ChainLink | None]] = \
+            GroupCommitter(self._create_many)
 
-    async def create(self, new: NewResponse, first_events: list[LoggedEvent]) -> None:
+    async def create(self, new: NewResponse, first_events: list[LoggedEvent]) -> bytes:
         """The response row, its input items and its first events, atomically; responses
-        created at the same moment share the statement."""
-        await self._creates.commit([(new, first_events)])
+        created at the same moment share the statement. The events get their hashes,
+        chained to the response this one continues; returns the last, which the parser's
+        events chain to."""
+        link = await self._chain_link(new)
+        previous = link.hash if link is not None and link.hash is not None else GENESIS
+        for event, digest in zip(first_events, chain_hashes(previous, (e.payload for e in first_events))):
+            event.hash = digest
+        await self._creates.commit([(new, first_events, link)])
+        return first_events[-1].hash or previous
 
-    async def _create_many(self, creations: list[tuple[NewResponse, list[LoggedEvent]]]) -> None:
+    async def _chain_link(self, new: NewResponse) -> ChainLink | None:
+        """The last stored event of the response ``new`` continues: its previous response,
+        or the latest response of its conversation. Read before the group commit, which
+        cannot wait on a read per member; a conversation's turns are appended one at a
+        time (``conversation_store.py``), so what is read is its previous turn."""
+        if new.previous_response_id is not None:
+            row = await self._pool.fetchrow(_LAST_EVENT, new.previous_response_id)
+        elif (conversation_id := _conversation_of(new.request)) is not None:
+            row = await self._pool.fetchrow(_LAST_EVENT_OF_CONVERSATION, conversation_id, new.response_id)
+        else:
+            return None
+        return ChainLink(row[0], row[1], row[2]) if row is not None else None
+
+    async def _create_many(self, creations: list[tuple[NewResponse, list[LoggedEvent], ChainLink | None]]) -> None:
         responses = [
             (new.response_id, new.tenant_id, new.model, new.status, new.background, new.store,
-             new.previous_response_id, _json(new.request), _json(new.parse_context), _json(new.base_snapshot))
-            for new, _ in creations
+             new.previous_response_id, _json(new.request), _json(new.parse_context), _json(new.base_snapshot),
+             link.response_id if link else None, link.seq if link else None, link.hash if link else None)
+            for new, _, link in creations
         ]
         items = [(new.response_id, position, item["id"], _json(item))
-                 for new, _ in creations for position, item in enumerate(new.input_items)]
-        events = [(new.response_id, e.seq, e.type, e.payload) for new, first_events in creations for e in first_events]
-        await self._pool.execute(_CREATE, *unnest_columns(responses, 10), *unnest_columns(items, 4),
-                                 *unnest_columns(events, 4))
+                 for new, _, _ in creations for position, item in enumerate(new.input_items)]
+        events = [(new.response_id, e.seq, e.type, e.payload, e.hash)
+                  for new, first_events, _ in creations for e in first_events]
+        await self._pool.execute(_CREATE, *unnest_columns(responses, 13), *unnest_columns(items, 4),
+                                 *unnest_columns(events, 5))
 
     async def fail_unstarted(self, response_id: str, events: list[LoggedEvent], snapshot: dict[str, Any]) -> None:
         """Ends a response no worker will ever see (its work could not be published).
@@ -100,11 +143,16 @@ class ResponseStore:
                 _json(snapshot),
                 _json(snapshot.get("error")),
             )
-            if updated:
+            if updated and events:
+                # Chained to the API's own last event, as the parser would chain them.
+                previous = await conn.fetchval("SELECT hash FROM response_events WHERE response_id = $1 AND seq = $2",
+                                               response_id, events[0].seq - 1)
+                hashes = chain_hashes(previous, (e.payload for e in events)) if previous is not None \
+                    else [None] * len(events)
                 await conn.executemany(
-                    "INSERT INTO response_events (response_id, seq, type, payload) VALUES ($1, $2, $3, $4)"
+                    "INSERT INTO response_events (response_id, seq, type, payload, hash) VALUES ($1, $2, $3, $4, $5)"
                     " ON CONFLICT DO NOTHING",
-                    [(response_id, e.seq, e.type, e.payload) for e in events],
+                    [(response_id, e.seq, e.type, e.payload, digest) for e, digest in zip(events, hashes)],
                 )
 
     async def get(self, response_id: str, tenant_id: str) -> StoredResponse | None:
@@ -214,8 +262,10 @@ class ResponseStore:
             "DELETE FROM responses WHERE id = $1 AND tenant_id = $2 AND store RETURNING id", response_id, tenant_id
         ))
 
-    async def purge_expired(self) -> int:
-        return len(await self._delete_with_events("DELETE FROM responses WHERE expires_at < now() RETURNING id"))
+    async def purge_expired(self, limit: int) -> int:
+        """Deletes up to ``limit`` expired responses, oldest expiry first; rows another
+        replica's sweeper holds are left to it."""
+        return len(await self._delete_with_events(_EXPIRED, limit))
 
     async def _delete_with_events(self, delete_responses: str, *args: Any) -> list[str]:
         """Tokens and input items go with their rows (foreign keys); events have none
@@ -227,6 +277,12 @@ class ResponseStore:
                 await conn.execute("DELETE FROM response_events WHERE response_id = ANY($1::text[])", gone)
         return gone
 
+
+_EXPIRED = """
+DELETE FROM responses WHERE id IN (
+    SELECT id FROM responses WHERE expires_at < now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
 
 _POSITION = """
 WITH latest AS (SELECT max(attempt) AS attempt FROM response_tokens WHERE response_id = $1)
@@ -240,18 +296,33 @@ FROM latest AS l
 _CREATE = """
 WITH new_responses AS (
     INSERT INTO responses (id, tenant_id, model, status, background, store, previous_response_id,
-                           request, parse_context, base_snapshot)
-    SELECT id, tenant, model, status, background, store, previous, request::json, context::json, snapshot::json
+                           request, parse_context, base_snapshot, chained_to_response_id, chained_to_seq,
+                           chained_to_hash)
+    SELECT id, tenant, model, status, background, store, previous, request::json, context::json, snapshot::json,
+           chained_to, chained_seq, chained_hash
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], $7::text[], $8::text[],
-                $9::text[], $10::text[])
-         AS r(id, tenant, model, status, background, store, previous, request, context, snapshot)
+                $9::text[], $10::text[], $11::text[], $12::int[], $13::bytea[])
+         AS r(id, tenant, model, status, background, store, previous, request, context, snapshot, chained_to,
+              chained_seq, chained_hash)
 ), new_items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
     SELECT response_id, position, item_id, item::json
-    FROM unnest($11::text[], $12::int[], $13::text[], $14::text[]) AS i(response_id, position, item_id, item)
+    FROM unnest($14::text[], $15::int[], $16::text[], $17::text[]) AS i(response_id, position, item_id, item)
 )
-INSERT INTO response_events (response_id, seq, type, payload)
-SELECT * FROM unnest($15::text[], $16::int[], $17::text[], $18::text[])
+INSERT INTO response_events (response_id, seq, type, payload, hash)
+SELECT * FROM unnest($18::text[], $19::int[], $20::text[], $21::text[], $22::bytea[])
+"""
+
+_LAST_EVENT = "SELECT response_id, seq, hash FROM response_events WHERE response_id = $1 ORDER BY seq DESC LIMIT 1"
+
+# Its latest response other than the one being made (conversation_store.py appends a
+# response's entries after it is stored).
+_LAST_EVENT_OF_CONVERSATION = """
+SELECT e.response_id, e.seq, e.hash FROM response_events AS e
+WHERE e.response_id = (SELECT c.response_id FROM conversation_entries AS c
+                       WHERE c.conversation_id = $1 AND c.kind = 'response_output' AND c.response_id <> $2
+                       ORDER BY c.position DESC LIMIT 1)
+ORDER BY e.seq DESC LIMIT 1
 """
 
 

@@ -1,5 +1,6 @@
 """The parser's side of Postgres: read what it needs to (re)build a response's state,
-and append events with the token batches that produced them in one transaction."""
+and append events (with their hashes) and the token batches that produced them in one
+transaction."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.events import LoggedEvent
@@ -16,14 +18,18 @@ from steno.services.common.db import UNSTORED_GRACE, unnest_columns
 
 @dataclass(frozen=True)
 class ResponseRecord:
-    """What a response's state is rebuilt from: its request context and the token
-    messages already consumed for it, in order."""
+    """What a response's state is rebuilt from: its request context, the token
+    messages already consumed for it, in order, and the hash of the event the API
+    stored (seq 0), which the parser's events chain from: replaying the batches brings
+    the chain to the stored events' last hash."""
 
     response_id: str
     status: str
     base_snapshot: dict[str, Any]
     parse_context: dict[str, Any]
     consumed: list[TokenStreamMessage]
+    # None for a response stored before the chain (migration 0009).
+    chain_head: bytes | None = None
 
 
 @dataclass
@@ -68,7 +74,9 @@ def _stored_message(response_id: str, row: list) -> TokenStreamMessage:
 
 
 class EventLog:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool | PoolConnectionProxy[asyncpg.Record]) -> None:
+        """``pool``: or a connection taken from one, for reads that must see one
+        snapshot (an audit)."""
         self._pool = pool
 
     async def load(self, response_id: str) -> ResponseRecord | None:
@@ -82,7 +90,7 @@ class EventLog:
             response_id = row[0]
             consumed = [_stored_message(response_id, message) for message in orjson.loads(row[4])]
             records[response_id] = ResponseRecord(response_id, row[1], orjson.loads(row[2]), orjson.loads(row[3]),
-                                                  consumed)
+                                                  consumed, row[5])
         return records
 
     async def commit(self, writes: list[ResponseWrite]) -> None:
@@ -96,7 +104,7 @@ class EventLog:
         during a takeover, an audit's restore) meets a conflict; the statement then runs
         again, skipping what is there, and since events are deterministic the log ends
         the same either way."""
-        events = [(w.response_id, e.seq, e.type, e.payload) for w in writes for e in w.events]
+        events = [(w.response_id, e.seq, e.type, e.payload, e.hash) for w in writes for e in w.events]
         tokens = [_token_row(w.response_id, m) for w in writes for m in w.consumed]
         started = [w.response_id for w in writes if w.started and w.final_snapshot is None]
         finals = [
@@ -108,7 +116,7 @@ class EventLog:
         # Output items by id, for item_reference (migration 0007).
         items = [(item["id"], w.response_id) for w in writes if w.final_snapshot is not None
                  for item in w.final_snapshot.get("output", []) if isinstance(item.get("id"), str)]
-        columns = (*unnest_columns(events, 4), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5),
+        columns = (*unnest_columns(events, 5), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5),
                    *unnest_columns(items, 2))
         try:
             await self._pool.execute(_COMMIT, *columns)
@@ -120,7 +128,8 @@ _LOAD = """
 SELECT r.id, r.status, r.base_snapshot::text, r.parse_context::text,
        coalesce((SELECT json_agg(json_build_array(t.attempt, t.batch_no, t.token_ids, t.logprobs, t.ended)
                                  ORDER BY t.attempt, t.batch_no)
-                 FROM response_tokens AS t WHERE t.response_id = r.id), '[]')::text
+                 FROM response_tokens AS t WHERE t.response_id = r.id), '[]')::text,
+       (SELECT e.hash FROM response_events AS e WHERE e.response_id = r.id AND e.seq = 0)
 FROM responses AS r WHERE r.id = ANY($1::text[])
 """
 
@@ -128,29 +137,29 @@ FROM responses AS r WHERE r.id = ANY($1::text[])
 def _commit_statement(on_conflict: str) -> str:
     return f"""
 WITH new_events AS (
-    INSERT INTO response_events (response_id, seq, type, payload)
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
+    INSERT INTO response_events (response_id, seq, type, payload, hash)
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[])
     {on_conflict}
 ), new_tokens AS (
     INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)
     SELECT r, a, b, t::int[], l::json, e::json
-    FROM unnest($5::text[], $6::int[], $7::int[], $8::text[], $9::text[], $10::text[]) AS u(r, a, b, t, l, e)
+    FROM unnest($6::text[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[]) AS u(r, a, b, t, l, e)
     {on_conflict}
 ), started AS (
     UPDATE responses SET status = 'in_progress', updated_at = now()
-    WHERE id = ANY($11::text[]) AND status = 'queued'
+    WHERE id = ANY($12::text[]) AND status = 'queued'
 ), finished AS (
     UPDATE responses AS r
     SET status = f.status, snapshot = f.snapshot::json, usage = f.usage::json, error = f.error::json,
         completed_at = now(), updated_at = now(),
         -- A response that is not to be stored lives on only for its running stream.
         expires_at = CASE WHEN r.store THEN r.expires_at ELSE now() + interval '{UNSTORED_GRACE}' END
-    FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[])
+    FROM unnest($13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
          AS f(id, status, snapshot, usage, error)
     WHERE r.id = f.id
 ), indexed_items AS (
     INSERT INTO response_output_items (item_id, response_id)
-    SELECT * FROM unnest($17::text[], $18::text[])
+    SELECT * FROM unnest($18::text[], $19::text[])
     {on_conflict}
 )
 SELECT 1

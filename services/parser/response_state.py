@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStreamMessage, TokenStreamOrder
+from steno.schemas.chain import event_hash
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
 from steno.services.common.reasoning_seal import ReasoningSeal
@@ -39,11 +40,16 @@ class Applied:
 
 class ResponseState:
     def __init__(self, response_id: str, base_snapshot: dict[str, Any], context: ParseContext,
-                 clock: Callable[[], float] = time.time, seal: ReasoningSeal | None = None) -> None:
+                 clock: Callable[[], float] = time.time, seal: ReasoningSeal | None = None,
+                 chain_head: bytes | None = None) -> None:
         """``clock`` dates the ends the parser records itself (a failure). ``seal``: the
         keys that seal reasoning, for a response whose reasoning is sealed; one that
-        asks for a key they do not hold fails at its first batch."""
+        asks for a key they do not hold fails at its first batch. ``chain_head``: the
+        hash of the API's last stored event, which the first event made here chains to
+        (``schemas/chain.py``); None for a response stored before the chain, whose
+        events stay without hashes."""
         self.response_id = response_id
+        self.chain_head = chain_head
         self._clock = clock
         dialect = dialect_for(context.dialect, context.dialect_files)
         self._splitter = dialect.splitter(context)
@@ -139,7 +145,7 @@ class ResponseState:
             fragments = self._splitter.feed(batch.token_ids)
             events += self._builder.consume(fragments, batch.token_ids, batch.logprobs, batch.top_logprobs)
         self._order.advance(batch)
-        return Applied(events, finished=False, recorded=[batch])
+        return Applied(self._chained(events), finished=False, recorded=[batch])
 
     def apply_end(self, ended: GenerationEnded) -> Applied | None:
         if self._placed(ended) is Placement.DUPLICATE:
@@ -148,4 +154,16 @@ class ResponseState:
         events += self._builder.consume(self._splitter.finish(), [], None, None)
         events += self._builder.finish(ended, self._splitter.reasoning_tokens)
         self._order.advance(ended)
-        return Applied(events, finished=True, recorded=[ended])
+        return Applied(self._chained(events), finished=True, recorded=[ended])
+
+    def _chained(self, events: list[LoggedEvent]) -> list[LoggedEvent]:
+        """The events with their hashes. Hashed here, as they are made, so that a state
+        rebuilt by replaying the stored batches reaches the same chain head, and a
+        rewrite of a row already stored carries the same hash."""
+        head = self.chain_head
+        if head is None:
+            return events
+        for event in events:
+            head = event.hash = event_hash(head, event.payload)
+        self.chain_head = head
+        return events

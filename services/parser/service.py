@@ -130,7 +130,9 @@ class ParserService:
             if state is not None:
                 self._states.move_to_end(response_id)
             elif (seed := _fresh_seed(first) if first is not None else None) is not None:
-                state = await self._keep(response_id, seed.base_snapshot, seed.parse_context, [])
+                assert seed.chain_head is not None  # _fresh_seed takes no other
+                state = await self._keep(response_id, seed.base_snapshot, seed.parse_context, [],
+                                         bytes.fromhex(seed.chain_head))
             else:
                 to_read.append(response_id)
             states[response_id] = state
@@ -140,17 +142,17 @@ class ParserService:
                 record = records.get(response_id)
                 if record is not None:
                     states[response_id] = await self._keep(response_id, record.base_snapshot,
-                                                           record.parse_context, record.consumed)
+                                                           record.parse_context, record.consumed, record.chain_head)
         return states
 
     async def _keep(self, response_id: str, base_snapshot: dict, parse_context: dict,
-                    consumed: list[TokenStreamMessage]) -> ResponseState:
+                    consumed: list[TokenStreamMessage], chain_head: bytes | None) -> ResponseState:
         context = ParseContext.model_validate(parse_context)
         if context.dialect_files is not None:
             await ensure_model_files(self._js, self._names, context.dialect_files)
         sealing = context.reasoning_sealing
         seal = await self._reasoning_keys.holding(sealing.key_id) if sealing is not None else None
-        state = ResponseState(response_id, base_snapshot, context, seal=seal)
+        state = ResponseState(response_id, base_snapshot, context, seal=seal, chain_head=chain_head)
         for message in consumed:
             state.apply(message)
         self._states[response_id] = state
@@ -320,9 +322,11 @@ def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:
     """The seed of a response's first batch, delivered for the first time: nothing of
     the response can have been consumed before it (a partition's first deliveries come
     in stream order), so the seed is the whole state. A redelivery may follow a commit;
-    that state comes from Postgres."""
+    that state comes from Postgres, and so does one whose seed lacks the hash its events
+    chain from (made by an API that predates the chain)."""
     msg, decoded = first
     if (isinstance(decoded, TokenBatch) and decoded.parser_seed is not None and decoded.attempt == 0
-            and decoded.batch_no == 0 and msg.metadata.num_delivered == 1):
+            and decoded.batch_no == 0 and msg.metadata.num_delivered == 1
+            and decoded.parser_seed.chain_head is not None):
         return decoded.parser_seed
     return None

@@ -60,7 +60,7 @@ async def test_purge_removes_expired_responses_with_everything_of_theirs(client,
     await db.execute("UPDATE responses SET expires_at = now() - interval '1 second' WHERE id = $1", expired.id)
     pool = await asyncpg.create_pool(asyncpg_dsn(settings.database_url), min_size=1, max_size=1)
     try:
-        assert await ResponseStore(pool).purge_expired() >= 1
+        assert await ResponseStore(pool).purge_expired(limit=100) >= 1
     finally:
         await pool.close()
     assert await rows_of(db, expired.id) == dict.fromkeys(TABLES, 0)

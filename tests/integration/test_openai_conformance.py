@@ -40,7 +40,7 @@ def test_nulls_client_metadata_and_every_reasoning_effort_are_accepted(stack):
     assert reply.json()["prompt_cache_key"] == "thread-1" and reply.json()["safety_identifier"] == "user-1"
 
 
-@pytest.mark.parametrize(("field", "value"), [("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"})])
+@pytest.mark.parametrize(("field", "value"), [("prompt", {"id": "pmpt_1"})])
 def test_state_this_server_does_not_hold_is_refused_not_ignored(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=MODEL, input="x", extra_body={field: value})

@@ -53,13 +53,13 @@ async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db, wiped):
     seen = stream_frames(stack, {"model": MODEL, "input": "audit me, déjà vu 日本", "tools": [WEATHER]})
     response_id = orjson.loads(seen[0][2])["response"]["id"]
 
-    audit = steno(stack, "audit", response_id)
+    audit = steno(stack, "audit", "verify", response_id)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "byte-identical" in audit.stdout
 
     await db.execute(f"DELETE FROM response_events WHERE response_id = $1 AND {wiped}", response_id)
-    assert steno(stack, "audit", response_id).returncode == 1
-    restored = steno(stack, "audit", response_id, "--restore")
+    assert steno(stack, "audit", "verify", response_id).returncode == 1
+    restored = steno(stack, "audit", "verify", response_id, "--restore")
     assert restored.returncode == 0, restored.stdout + restored.stderr
     rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
                           response_id)
