@@ -37,7 +37,6 @@ import time
 import timeit
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from steno.services.api.response_plan import plan_response
 from steno.services.api.retention import RetentionSweeper
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings
 from steno.services.common.migrate import ensure_database, upgrade
 from steno.services.common.nats_options import SECURITY_VARIABLES
 from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
@@ -165,11 +164,10 @@ class Bench:
             self.database_url = base.rsplit("/", 1)[0] + f"/steno_bench_{run_id}?{query}"
         # NATS credentials and TLS as the environment gives them (STENO_NATS_*), like any
         # steno command; the rest is the benchmark's own.
-        env = Settings.from_env()
-        self.settings = replace(
-            Settings(nats_url=self.infra.nats_url, database_url=self.database_url,
-                     namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10),
-            **{name: getattr(env, name) for name in SECURITY_VARIABLES})
+        env = ApiSettings.from_env()
+        self.settings = ApiSettings(nats_url=self.infra.nats_url, database_url=self.database_url,
+                                    namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10,
+                                    **{name: getattr(env, name) for name in SECURITY_VARIABLES})
         self.stack = Stack(self.settings, work)
         self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
@@ -220,7 +218,7 @@ class Bench:
     async def stop(self) -> None:
         self.stack.stop()
         for suffix in ("", "p"):  # the stack's namespace and the parser scenario's
-            settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + suffix})
+            settings = self.settings.with_changes(namespace=self.settings.namespace + suffix)
             await asyncio.to_thread(remove_namespace, settings)
         if self.baseline is not None:
             self.baseline.stop(timeout_s=10)
@@ -358,7 +356,7 @@ class Bench:
 
     async def parser(self, responses: int, batch_tokens: int) -> dict[str, Any]:
         """Publishes every batch first, then lets a fresh parser (in its own namespace) drain them."""
-        settings = Settings(**{**self.settings.__dict__, "namespace": self.settings.namespace + "p"})
+        settings = self.settings.with_changes(namespace=self.settings.namespace + "p")
         names = Names.from_settings(settings)
         dialect = dialect_named(DEFAULT_DIALECT)
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)

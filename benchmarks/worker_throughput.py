@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from steno.schemas.api import CreateResponseRequest
@@ -102,7 +102,7 @@ def timed_jetstream(nc, samples: list[float]) -> None:
 
 def nats_options(nats_url: str) -> bus.NatsOptions:
     """The URL given, with the NATS credentials and TLS of the environment (STENO_NATS_*)."""
-    return bus.NatsOptions.from_settings(replace(Settings.from_env(), nats_url=nats_url))
+    return bus.NatsOptions.from_settings(Settings.from_env().with_changes(nats_url=nats_url))
 
 
 async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from steno.infra.embedded import free_port
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.nats_options import SECURITY_VARIABLES
 
 
@@ -35,7 +35,7 @@ def remove_namespace(settings: Settings) -> None:
     asyncio.run(run())
 
 
-def service_env(settings: Settings) -> dict[str, str]:
+def service_env(settings: ApiSettings) -> dict[str, str]:
     env = {
         **os.environ,
         "STENO_NATS_URL": settings.nats_url,
@@ -47,7 +47,14 @@ def service_env(settings: Settings) -> dict[str, str]:
         "STENO_AUTH": "disabled" if settings.auth_disabled else "required",
         "STENO_RENDER_PROCESSES": str(settings.render_processes),
         "STENO_RENDER_TIMEOUT_S": str(settings.render_timeout_s),
+        "STENO_LOG_LEVEL": settings.log_level,
+        "STENO_LOG_FORMAT": settings.log_format,
+        "STENO_LOG_CONTENT": str(settings.log_content).lower(),
     }
+    if settings.otlp_endpoint is None:
+        env.pop("STENO_OTLP_ENDPOINT", None)
+    else:
+        env["STENO_OTLP_ENDPOINT"] = settings.otlp_endpoint
     # The settings' NATS credentials and TLS, not whatever the caller's environment holds.
     for name, variable in SECURITY_VARIABLES.items():
         value = getattr(settings, name)
@@ -104,7 +111,7 @@ class ServiceProcess:
 
 @dataclass
 class Stack:
-    settings: Settings
+    settings: ApiSettings
     log_dir: Path
     processes: list[ServiceProcess] = field(default_factory=list)
     api_ports: list[int] = field(default_factory=list)

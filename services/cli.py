@@ -116,12 +116,19 @@ def _retention(args: argparse.Namespace) -> None:
     sys.exit(asyncio.run(run()))
 
 
+def _asyncapi(args: argparse.Namespace) -> None:
+    from steno.services.common.bus_contract import asyncapi_document, render
+
+    sys.stdout.write(render(asyncapi_document(args.namespace)))
+
+
 def main(argv: list[str] | None = None) -> None:
     from steno.benchmarks import command as bench_command
     from steno.infra import stack
     from steno.schemas.api import MAX_RETENTION_DAYS
     from steno.services import audit as audit_command
     from steno.services.api import main as api_main
+    from steno.services.api import tenants as tenants_command
     from steno.services.parser import main as parser_main
     from steno.services.worker import main as worker_main
 
@@ -136,8 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     worker = commands.add_parser("worker", help="run a generation worker")
     worker_main.add_arguments(worker)
     worker.set_defaults(run=worker_main.run)
-    commands.add_parser("parser", help="run a parser").set_defaults(run=parser_main.run)
+    parser_command = commands.add_parser("parser", help="run a parser")
+    parser_main.add_arguments(parser_command)
+    parser_command.set_defaults(run=parser_main.run)
     commands.add_parser("migrate", help="create/upgrade the database schema").set_defaults(run=_migrate)
+    asyncapi = commands.add_parser("asyncapi", help="print the bus contract (AsyncAPI); "
+                                   "`steno asyncapi > docs/asyncapi.json` regenerates the committed copy")
+    asyncapi.add_argument("--namespace", default="steno", help="the deployment's STENO_NAMESPACE")
+    asyncapi.set_defaults(run=_asyncapi)
     keys = commands.add_parser("keys", help="create, revoke and list API keys")
     key_actions = keys.add_subparsers(dest="action", required=True)
     create = key_actions.add_parser("create", help="create a key for a tenant (printed once)")
@@ -165,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     sealing_actions.add_parser("list", help="list the keys (never the secrets)")
     sealing_actions.add_parser("generate", help="print a new key for STENO_REASONING_KEYS (stores nothing)")
     sealing.set_defaults(run=_reasoning_keys)
+    tenants = commands.add_parser("tenants", help="tenants' quotas: requests and tokens per minute, concurrency")
+    tenants_command.add_arguments(tenants)
+    tenants.set_defaults(run=tenants_command.run)
     bench = commands.add_parser("bench", help="benchmark the pipeline against an in-process server "
                                 "(needs the bench extra)")
     bench_command.add_arguments(bench)
@@ -172,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     audit = commands.add_parser("audit", help="verify, replay and transcribe stored responses and conversations")
     audit_command.add_arguments(audit)
     args = parser.parse_args(argv)
+    from pydantic import ValidationError
+
+    from steno.services.common.config import describe_invalid
     from steno.services.common.nats_options import NatsRefused, NatsSettingsError
 
     try:
@@ -179,6 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     except (NatsSettingsError, NatsRefused) as exc:
         # Configuration to fix, not a bug: one line that names it, no traceback.
         print(f"steno {args.command}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ValidationError as exc:
+        for line in describe_invalid(exc):
+            print(f"steno {args.command}: {line}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -4,7 +4,6 @@ namespace of the session's own, and the service processes."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ import pytest
 from steno.infra.embedded import Infrastructure, resolve
 from steno.infra.processes import Stack, remove_namespace
 from steno.services.audit import verify_response
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings
 from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
 
@@ -43,12 +42,12 @@ def infrastructure(tmp_path_factory) -> Infrastructure:
 
 
 @pytest.fixture(scope="session")
-def settings(infrastructure) -> Settings:
+def settings(infrastructure) -> ApiSettings:
     run_id = secrets.token_hex(4)
     database_url = _with_database(infrastructure.database_url, f"steno_test_{run_id}")
     asyncio.run(ensure_database(database_url))
     upgrade(database_url)
-    settings_of_run = Settings(
+    settings_of_run = ApiSettings(
         nats_url=infrastructure.nats_url,
         database_url=database_url,
         namespace=f"t{run_id}",
@@ -129,11 +128,11 @@ def other_tenant(stack):
 
 
 @contextmanager
-def separate_stack(settings: Settings, suffix: str, log_dir: Path) -> Iterator[Stack]:
+def separate_stack(settings: ApiSettings, suffix: str, log_dir: Path) -> Iterator[Stack]:
     """A stack of its own in the namespace ``<the run's>suffix``, with a key for tenant
     "a": started by the caller, its logs printed if starting fails, stopped and its
     namespace removed afterwards."""
-    stack = Stack(dataclasses.replace(settings, namespace=settings.namespace + suffix), log_dir)
+    stack = Stack(settings.with_changes(namespace=settings.namespace + suffix), log_dir)
     stack.create_key("a")
     try:
         yield stack
@@ -145,7 +144,7 @@ def separate_stack(settings: Settings, suffix: str, log_dir: Path) -> Iterator[S
         remove_namespace(stack.settings)
 
 
-def reparses_identically(settings: Settings, response_id: str) -> bool:
+def reparses_identically(settings: ApiSettings, response_id: str) -> bool:
     """What ``steno audit verify`` says: the response's stored tokens re-parse into its
     log, byte for byte, its snapshot is the fold of its log, and its hashes chain."""
     async def run() -> bool:

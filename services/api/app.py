@@ -7,10 +7,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,13 +34,23 @@ from steno.services.api.errors import (
 )
 from steno.services.api.keys import KeyResolver
 from steno.services.api.models import ModelDirectory
+from steno.services.api.queue_depths import refresh_queue_depths
+from steno.services.api.quotas import QuotaGate
 from steno.services.api.rendering import PromptRenderer
+from steno.services.api.request_metrics import RequestMetrics
 from steno.services.api.responses import ResponsesService
 from steno.services.api.retention import RetentionSweeper
 from steno.services.api.routes import create_fast_path, router
 from steno.services.api.store import ResponseStore
 from steno.services.common import bus, db
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings
+from steno.services.common.health import (
+    Readiness,
+    flag,
+    migrations_current,
+    nats_connected,
+    postgres_reachable,
+)
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.runtime import freeze_startup_heap
@@ -51,7 +62,9 @@ log = logging.getLogger(__name__)
 class Api:
     """What the routes share, opened in the app's lifespan: the Responses and
     Conversations services and who is calling, over one NATS connection and one
-    Postgres pool."""
+    Postgres pool, and what ``/readyz`` checks."""
+
+    readiness: Readiness
 
     def __init__(self, responses: ResponsesService, authenticate: Authenticator, sweeper: RetentionSweeper,
                  resources: AsyncExitStack, conversations: ConversationsService) -> None:
@@ -62,7 +75,7 @@ class Api:
         self._sweeper = asyncio.create_task(sweeper.run())
 
     @classmethod
-    async def open(cls, settings: Settings) -> Api:
+    async def open(cls, settings: ApiSettings) -> Api:
         names = bus.Names.from_settings(settings)
         resources = AsyncExitStack()
         try:
@@ -87,23 +100,40 @@ class Api:
             renderer = PromptRenderer(settings.render_processes, settings.render_timeout_s)
             resources.callback(renderer.close)
             conversations = ConversationsService(ConversationStore(pool), store)
+            directory = ModelDirectory(workers, settings.model_wait_s)
+            depths = asyncio.create_task(refresh_queue_depths(
+                js, names, lambda: [registration.model for registration in directory.served()]))
+            resources.push_async_callback(_cancelled, depths)
             responses = ResponsesService(
                 names=names, js=js, store=store, reader=reader, tail=tail,
-                models=ModelDirectory(workers, settings.model_wait_s), renderer=renderer,
+                models=directory, renderer=renderer,
                 cancel_flags=await bus.cancel_flags(js, names), request_store=await bus.request_store(js, names),
                 message_limit=bus.message_limit(nc), origin=origin, reasoning_keys=ReasoningKeys(pool),
-                conversations=conversations,
+                conversations=conversations, quotas=QuotaGate(pool),
             )
         except BaseException:
             await resources.aclose()
             raise
         authenticate = Authenticator(None if settings.auth_disabled else KeyResolver(pool))
-        return cls(responses, authenticate, RetentionSweeper(pool, store), resources, conversations)
+        api = cls(responses, authenticate, RetentionSweeper(pool, store), resources, conversations)
+        api.readiness = Readiness({
+            "nats": partial(nats_connected, nc),
+            "postgres": partial(postgres_reachable, pool),
+            "migrations": partial(migrations_current, pool),
+            "subscriptions": partial(flag, lambda: tail.following_origin, "following this process's events",
+                                     "not following this process's events"),
+        })
+        return api
 
     async def close(self) -> None:
         self._sweeper.cancel()
         await asyncio.gather(self._sweeper, return_exceptions=True)
         await self._resources.aclose()
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 class BodySizeLimit:
@@ -143,8 +173,8 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings.from_env()
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or ApiSettings.from_env()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -156,7 +186,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await api.close()
 
-    app = FastAPI(title="Steno", version="0.1.0", lifespan=lifespan)
+    # FastAPI's own request span starts each response's trace (services/common/tracing.py);
+    # none for each dependency, and no OpenTelemetry log records, which would hold the
+    # input of a request it refuses.
+    app = FastAPI(title="Steno", version="0.1.0", lifespan=lifespan,
+                  telemetry={"operation_spans": False, "logs": False})
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
@@ -167,7 +201,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     # Outermost of the two: the caller is known before the size check reads the body.
     app.add_middleware(AuthenticateFirst)
+    # Outermost: counts every answer, those of the other two included.
+    app.add_middleware(RequestMetrics)
     app.include_router(router)
     app.include_router(audit.router)
+
+    @app.get("/asyncapi.json", include_in_schema=False)
+    async def asyncapi() -> Response:
+        """The bus contract, beside /openapi.json: made on the first request, so the API
+        does not import FastStream (which writes it) to start."""
+        from steno.services.common.bus_contract import rendered_document
+
+        document = await asyncio.to_thread(rendered_document, settings.namespace)
+        return Response(document, media_type="application/json")
+
     app.router.routes.insert(0, create_fast_path())
     return app

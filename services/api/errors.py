@@ -21,16 +21,22 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "inva
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str | None = None, headers: dict[str, str] | None = None) -> None:
+        """``kind``: the error's ``type`` where the status alone does not decide it (a rate
+        limit names the limit: ``requests`` or ``tokens``); ``headers`` go on the answer."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.kind = kind
+        self.headers = headers
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None,
+               kind: str | None = None) -> dict[str, Any]:
+    kind = kind or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -48,7 +54,8 @@ def _param_from_location(location: tuple[Any, ...]) -> str | None:
 # taking any exception.
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status)
+    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code, exc.kind), status_code=exc.status,
+                        headers=exc.headers)
 
 
 async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:

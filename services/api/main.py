@@ -8,8 +8,9 @@ import uvicorn
 
 from steno.services.api.app import create_app
 from steno.services.api.http_limits import HttpLimits, limited_protocol
-from steno.services.common.config import Settings
-from steno.services.common.runtime import configure_logging
+from steno.services.common.config import ApiSettings
+from steno.services.common.logs import configure_logging
+from steno.services.common.tracing import configure_tracing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    configure_logging("api")
-    settings = Settings.from_env()
+    settings = ApiSettings.from_env()
+    configure_logging("api", settings)
+    configure_tracing("api", settings)
     limits = HttpLimits(settings.max_header_bytes, settings.header_timeout_s, settings.body_timeout_s)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                # uvicorn's own lines go through the process's log format; no access log.
+                log_config=None, access_log=False,
                 timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_s, http=limited_protocol(limits))

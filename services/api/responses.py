@@ -21,6 +21,8 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from openai.types.responses import ResponseIncludable
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from steno.schemas.api import CountInputTokensRequest, CreateResponseRequest
 from steno.schemas.bus import (
@@ -39,14 +41,18 @@ from steno.services.api.errors import ApiError
 from steno.services.api.item_references import resolved_references
 from steno.services.api.limits import check_request, is_id
 from steno.services.api.models import ModelDirectory
+from steno.services.api.quotas import QuotaGate
 from steno.services.api.rendering import PromptRenderer, RenderFailed
 from steno.services.api.response_plan import SEALED_REASONING_INCLUDE, history_items, plan_response
 from steno.services.api.store import InputItemsPage, NewResponse, ResponseStore, StoredResponse
 from steno.services.api.truncation import Conversation, TurnSearch, without_oldest_turns
+from steno.services.common import logs
 from steno.services.common.bus import Names, affinity_shard
+from steno.services.common.metrics import CANCEL_LATENCY, CANCELS, StreamTiming, request_arrived
 from steno.services.common.model_files import ModelFilesMissing, ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.reasoning_seal import SealError, key_id_of
+from steno.services.common.tracing import message_headers, traced_stream, tracer
 from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_for
 from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
 
@@ -122,6 +128,7 @@ class ResponsesService:
         origin: str,
         reasoning_keys: ReasoningKeys,
         conversations: ConversationsService,
+        quotas: QuotaGate,
     ) -> None:
         """``origin``: this process's tag, carried by the ids it makes (their events are
         announced where ``tail`` listens for them). ``message_limit``: the largest bus
@@ -139,10 +146,17 @@ class ResponsesService:
         self._origin = origin
         self._reasoning_keys = reasoning_keys
         self._conversations = conversations
+        self._quotas = quotas
 
     async def create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
         """Records and queues a response: its event stream (``stream``), the queued
         response (``background``), or the finished one."""
+        with (tracer.start_as_current_span("responses.create", attributes={
+                "steno.model": request.model, "steno.tenant": tenant, "steno.stream": bool(request.stream)}),
+              logs.response_context(tenant=tenant, model=request.model)):
+            return await self._create(request, tenant)
+
+    async def _create(self, request: CreateResponseRequest, tenant: str) -> EventStream | dict[str, Any]:
         check_request(request)
         _refuse_unheld_state(request)
         if request.background and not request.store:
@@ -159,6 +173,8 @@ class ResponsesService:
         created_at = int(time.time())
         prompt, left_out = await self._render_to_fit(dialect, request, created_at, history, tenant, registration)
         response_id = new_response_id(self._origin)
+        logs.bind(response_id=response_id, attempt=0)
+        trace.get_current_span().set_attribute("steno.response_id", response_id)
         sealing = None
         if SEALED_REASONING_INCLUDE in (request.include or []):
             sealing = ReasoningSealing(key_id=(await self._reasoning_keys.current()).current, tenant=tenant)
@@ -167,6 +183,8 @@ class ResponsesService:
         except InvalidInput as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from exc
         snapshot = plan.record.base_snapshot
+        # Last before anything is stored: a refused request leaves nothing behind.
+        await self._quotas.admit(tenant, response_id, len(prompt.token_ids))
         plan.generation.chain_from(await self._store.create(plan.record, plan.first_events))
         if request.conversation_id is not None:
             await self._append_to_conversation(request.conversation_id, tenant, plan.record)
@@ -183,8 +201,11 @@ class ResponsesService:
                                             completed_at=int(time.time()))
             await self._store.fail_unstarted(response_id, events, failed)
             raise ApiError(503, "The generation queue is unavailable; retry shortly.") from exc
+        log.info("response accepted", extra={"stream": bool(request.stream), "background": bool(request.background)})
+        logs.debug_content(log, "response input", instructions=request.instructions, input=request.input)
         if live is not None:
-            return self._event_stream(response_id, -1, snapshot, live=live, known=plan.first_events)
+            return self._event_stream(response_id, -1, snapshot, live=live, known=plan.first_events,
+                                      timing=StreamTiming(request.model, request_arrived()))
         if request.background:
             return snapshot
         final = await self._terminal_snapshot(response_id)
@@ -318,6 +339,12 @@ class ResponsesService:
             return await self._current_snapshot(stored)
         if stored.finished:
             raise ApiError(400, f"Cannot cancel a response whose status is '{stored.status}'.", param="response_id")
+        CANCELS.inc()
+        with CANCEL_LATENCY.time():
+            return await self._cancelled(response_id, tenant, stored)
+
+    async def _cancelled(self, response_id: str, tenant: str, stored: StoredResponse) -> dict[str, Any]:
+        """Orders the cancel and waits for its end, as ``cancel`` says."""
         await self._order_cancel(response_id)
         final = await self._terminal_snapshot(response_id, CANCEL_NUDGE_S)
         if final is None:
@@ -376,8 +403,7 @@ class ResponsesService:
             await self._request_store.put(generation.response_id, body)
             body = StoredGenerationRequest(response_id=generation.response_id, model=generation.model,
                                            name=generation.response_id).model_dump_json().encode()
-        await self._js.publish(subject, body,
-                               headers={"Nats-Msg-Id": generation.response_id})
+        await self._js.publish(subject, body, headers=message_headers(generation.response_id))
 
     async def _served(self, model: str) -> tuple[WorkerRegistration, Dialect]:
         """The model's registration and dialect: a 404 when no worker serves it."""
@@ -424,14 +450,16 @@ class ResponsesService:
             raise
 
     def _event_stream(self, response_id: str, after: int, snapshot: dict[str, Any], live: LiveEvents | None = None,
-                      known: list[LoggedEvent] | None = None) -> EventStream:
+                      known: list[LoggedEvent] | None = None, timing: StreamTiming | None = None) -> EventStream:
         runs = self._tail.runs(response_id, after=after, live=live, known=known, keepalive_s=KEEPALIVE_S)
 
         def interrupted(last_seq: int) -> list[LoggedEvent]:
             """The end of a stream the edge could not finish (not part of the log)."""
             return failure_events(last_seq + 1, snapshot, INTERRUPTED, event_code="stream_interrupted")[0]
 
-        return EventStream(sse_body(runs, interrupted))
+        # Within the request's trace when streamed as it is created; a resumed stream starts its own.
+        return EventStream(traced_stream(sse_body(runs, interrupted, timing), "responses.stream",
+                                         otel_context.get_current(), {"steno.response_id": response_id}))
 
     async def _terminal_snapshot(self, response_id: str, timeout_s: float | None = None) -> dict[str, Any] | None:
         async def wait() -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from steno.schemas.api import (
 from steno.services.api.conversations import ConversationsService
 from steno.services.api.errors import ApiError, validation_error_handler
 from steno.services.api.responses import EventStream, ResponsesService, check_include
+from steno.services.common.metrics import exposition
 from steno.services.edge import EventStreamResponse
 
 router = APIRouter()
@@ -98,6 +99,25 @@ def _answer(result: EventStream | dict[str, Any]) -> Response:
 @router.get("/health", include_in_schema=False)
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.get("/healthz", include_in_schema=False)
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "alive"}
+
+
+@router.get("/readyz", include_in_schema=False)
+async def readyz(request: Request) -> Response:
+    """Readiness: every check of ``services/common/health.py`` this service runs."""
+    ready, report = await request.app.state.api.readiness.evaluate()
+    return _json(report, 200 if ready else 503)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics() -> Response:
+    body, content_type = exposition()
+    return Response(body, media_type=content_type)
 
 
 @router.post("/v1/responses")

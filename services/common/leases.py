@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError, NoKeysError
 
 from steno.services.common.bus import kv_bucket
+from steno.services.common.metrics import PARTITIONS_TAKEN_OVER
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class PartitionLeases:
         self._replicas = replicas
         self._prefix = f"{scope}." if scope else ""
         self._revisions: dict[int, int] = {}
+        # What its first round claims is a start; what later rounds claim was another holder's.
+        self._started = False
+        self._taken_over = PARTITIONS_TAKEN_OVER.labels("worker" if scope else "parser")
 
     async def run(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
         self._leases = await kv_bucket(self._js, self._leases_bucket, LEASE_TTL_S, self._replicas)
@@ -53,6 +57,7 @@ class PartitionLeases:
                 await self._round(acquired, lost)
             except Exception:
                 log.exception("lease round failed")
+            self._started = True
             await asyncio.sleep(RENEW_EVERY_S)
 
     def _key(self, partition: int) -> str:
@@ -97,6 +102,8 @@ class PartitionLeases:
             except KeyValueError:
                 continue
             log.info("acquired partition %s", self._key(partition))
+            if self._started:
+                self._taken_over.inc()
             await acquired(partition)
 
     async def release_all(self, lost: PartitionCallback) -> None:

@@ -1,22 +1,14 @@
-"""Running a service's main coroutine: logging, and a clean exit on SIGINT/SIGTERM."""
+"""Running a service's main coroutine, with a clean exit on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import os
 import secrets
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-
-
-def configure_logging(service: str) -> None:
-    logging.basicConfig(
-        level=os.environ.get("STENO_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def instance_id() -> str:

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from steno.schemas.events import LoggedEvent
+from steno.services.common.metrics import EDGE_STREAMS, StreamTiming
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,12 @@ def frame(event: LoggedEvent) -> bytes:
 
 
 async def sse_body(
-    runs: AsyncGenerator[list[LoggedEvent], None], on_failure: FailureEvents
+    runs: AsyncGenerator[list[LoggedEvent], None], on_failure: FailureEvents, timing: StreamTiming | None = None
 ) -> AsyncGenerator[tuple[bytes, bool], None]:
     """Frames runs of events, one chunk per run, each with whether it ends the stream;
     an empty run (the log was silent) becomes a comment. If reading the runs fails, the
-    stream ends visibly with ``on_failure``'s events instead of being cut."""
+    stream ends visibly with ``on_failure``'s events instead of being cut. ``timing``
+    hears of each run as it is framed."""
     last_seq = -1
     try:
         async for run in runs:
@@ -47,6 +49,8 @@ async def sse_body(
                 yield KEEPALIVE_COMMENT, False
                 continue
             last_seq = run[-1].seq
+            if timing is not None:
+                timing.sent(run)
             yield b"".join(frame(event) for event in run), run[-1].is_terminal
     except Exception:
         log.exception("stream ended by a failure after seq %d", last_seq)
@@ -83,6 +87,7 @@ class EventStreamResponse(Response):
 
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watcher = asyncio.create_task(cancel_when_gone())
+        EDGE_STREAMS.inc()
         try:
             async for chunk, last in self._chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
@@ -94,5 +99,6 @@ class EventStreamResponse(Response):
                 raise
             streaming.uncancel()
         finally:
+            EDGE_STREAMS.dec()
             watcher.cancel()
             await self._chunks.aclose()

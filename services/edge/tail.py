@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import asyncpg
@@ -20,6 +21,7 @@ from nats.aio.subscription import Subscription
 
 from steno.schemas.events import CommittedEvents, LoggedEvent
 from steno.schemas.ids import origin_of
+from steno.services.common.metrics import EDGE_REPLAY
 from steno.services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
@@ -50,6 +52,11 @@ class ResponseTail:
         if self._origin_subject is not None:
             self._origin_subscription = await self._nc.subscribe(self._origin_subject, cb=self._on_origin_message)
 
+    @property
+    def following_origin(self) -> bool:
+        """Whether the subscription to this process's responses' events is open."""
+        return self._origin_subscription is not None
+
     async def stop(self) -> None:
         if self._origin_subscription is not None:
             await self._origin_subscription.unsubscribe()
@@ -74,6 +81,13 @@ class ResponseTail:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    async def _replay(self, response_id: str, cursor: int) -> list[LoggedEvent]:
+        """What is stored after the cursor, when a stream starts."""
+        started = time.perf_counter()
+        events = await self._read_after(response_id, cursor)
+        EDGE_REPLAY.observe(time.perf_counter() - started)
+        return events
 
     async def events(
         self, response_id: str, after: int = -1, poll_interval_s: float = POLL_INTERVAL_S
@@ -123,7 +137,7 @@ class ResponseTail:
         poll_at = loop.time() + interval
         keepalive_at = loop.time() + keepalive_s if keepalive_s is not None else math.inf
         try:
-            batch = known if known is not None else await self._read_after(response_id, cursor)
+            batch = known if known is not None else await self._replay(response_id, cursor)
             while True:
                 run: list[LoggedEvent] = []
                 for event in batch:

@@ -4,6 +4,7 @@ transaction."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from asyncpg.pool import PoolConnectionProxy
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.events import LoggedEvent
 from steno.services.common.db import UNSTORED_GRACE, unnest_columns
+from steno.services.common.metrics import COMMIT_BATCH, COMMIT_LATENCY
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,13 @@ class EventLog:
                  for item in w.final_snapshot.get("output", []) if isinstance(item.get("id"), str)]
         columns = (*unnest_columns(events, 5), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5),
                    *unnest_columns(items, 2))
+        started_at = time.perf_counter()
         try:
             await self._pool.execute(_COMMIT, *columns)
         except asyncpg.UniqueViolationError:
             await self._pool.execute(_COMMIT_SKIPPING_STORED, *columns)
+        COMMIT_LATENCY.observe(time.perf_counter() - started_at)
+        COMMIT_BATCH.observe(len(writes))
 
 
 _LOAD = """

@@ -5,19 +5,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from functools import partial
 
 from steno.services import dialects
 from steno.services.common import bus, db
-from steno.services.common.config import Settings
-from steno.services.common.runtime import configure_logging, instance_id, run_until_signalled
+from steno.services.common.config import ParserSettings
+from steno.services.common.health import (
+    Readiness,
+    consumers_bound,
+    migrations_current,
+    nats_connected,
+    postgres_reachable,
+)
+from steno.services.common.logs import configure_logging
+from steno.services.common.probe_server import serve_probes
+from steno.services.common.runtime import instance_id, run_until_signalled
+from steno.services.common.tracing import configure_tracing
 from steno.services.parser.service import ParserService
 
 log = logging.getLogger(__name__)
 
 
-def run(_: argparse.Namespace) -> None:
-    configure_logging("parser")
-    settings = Settings.from_env()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics, /healthz and /readyz on this port (default: STENO_METRICS_PORT; "
+                        "neither: not served)")
+
+
+def run(args: argparse.Namespace) -> None:
+    settings = ParserSettings.from_env()
+    configure_logging("parser", settings)
+    configure_tracing("parser", settings)
 
     async def main(stop: asyncio.Event) -> None:
         dialects.load_all()
@@ -25,13 +43,25 @@ def run(_: argparse.Namespace) -> None:
         # One connection per partition it may hold, so commits never queue for a connection.
         pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
         parser_id = instance_id()
-        service = ParserService(nc, pool, bus.Names.from_settings(settings), parser_id)
+        names = bus.Names.from_settings(settings)
+        service = ParserService(nc, pool, names, parser_id)
         task = asyncio.create_task(service.run())
+        probes = await serve_probes(args.metrics_port if args.metrics_port is not None else settings.metrics_port,
+                                    Readiness({
+                                        "nats": partial(nats_connected, nc),
+                                        "postgres": partial(postgres_reachable, pool),
+                                        "migrations": partial(migrations_current, pool),
+                                        "consumers": partial(consumers_bound, nc.jetstream(), names.tokens_stream,
+                                                             [names.parser_consumer(p)
+                                                              for p in range(names.token_partitions)]),
+                                    }))
         log.info("parser %s ready", parser_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await service.stop()
+        if probes is not None:
+            await probes.stop()
         await nc.flush()
         await nc.close()
         await pool.close()

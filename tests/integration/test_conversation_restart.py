@@ -1,6 +1,5 @@
 """A 50-turn previous_response_id chain survives a restart of every Steno process."""
 
-import dataclasses
 import itertools
 
 import openai
@@ -21,7 +20,7 @@ def start(stack: Stack) -> None:
 
 def test_fifty_turns_across_a_restart(settings, tmp_path):
     # A namespace of its own, so no other worker of the session serves these turns.
-    stack = Stack(dataclasses.replace(settings, namespace=settings.namespace + "chain"), tmp_path)
+    stack = Stack(settings.with_changes(namespace=settings.namespace + "chain"), tmp_path)
     stack.create_key("chain")
     usage, previous = [], None
     try:

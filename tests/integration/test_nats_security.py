@@ -143,7 +143,7 @@ def settings_for(server: NatsServer, pki: Path, **changes) -> Settings:
         namespace="sec" + secrets.token_hex(3), token_partitions=2,
         nats_user="steno", nats_password=PASSWORD, nats_tls_ca=str(pki / "ca.crt"),
     )
-    return dataclasses.replace(good, **changes)
+    return good.with_changes(**changes)
 
 
 async def connect(settings: Settings):
@@ -253,7 +253,7 @@ async def test_with_tls_configured_a_server_without_tls_never_gets_the_password(
         with pytest.raises(NatsRefused, match="does not require TLS, but TLS is configured"):
             await connect(settings)
         # Without TLS asked for, the same server takes the same credentials.
-        nc = await connect(dataclasses.replace(settings, nats_tls_ca=None))
+        nc = await connect(settings.with_changes(nats_tls_ca=None))
         await nc.close()
 
 
@@ -264,7 +264,7 @@ async def test_mutual_tls_needs_the_client_certificate(pki, tmp_path):
         without = settings_for(server, pki)
         with pytest.raises(NatsRefused, match=r"TLS with NATS server .* failed .*STENO_NATS_TLS_CERT"):
             await connect(without)
-        nc = await connect(dataclasses.replace(without, nats_tls_cert=str(pki / "client.crt"),
+        nc = await connect(without.with_changes(nats_tls_cert=str(pki / "client.crt"),
                                                nats_tls_key=str(pki / "client.key")))
         await nc.close()
 
@@ -279,7 +279,7 @@ async def test_an_nkey_seed_file_authenticates(secure_nats, pki, nkey_user, tmp_
     stranger = tmp_path / "stranger.nk"
     stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
     with pytest.raises(NatsRefused, match="refused the credentials"):
-        await connect(dataclasses.replace(by_seed, nats_nkey_seed=str(stranger)))
+        await connect(by_seed.with_changes(nats_nkey_seed=str(stranger)))
 
 
 def _jwt(signer, subject: str, name: str, claims: dict) -> str:
@@ -325,7 +325,7 @@ async def test_a_creds_file_authenticates_against_an_operator_configured_server(
         finally:
             await nc.close()
         with pytest.raises(NatsRefused, match="refused the credentials"):
-            await connect(dataclasses.replace(settings, nats_creds=None))
+            await connect(settings.with_changes(nats_creds=None))
 
 
 # The deployment manifests' NATS configurations, run for real: the same text with the

@@ -1,6 +1,5 @@
 """A worker told to stop hands its unfinished work back; another worker continues it."""
 
-import dataclasses
 import signal
 import time
 
@@ -15,7 +14,7 @@ MODEL = "steno-handover"
 
 
 def test_sigterm_drains_then_hands_back_and_another_worker_continues(settings, tmp_path):
-    stack = Stack(dataclasses.replace(settings, namespace=settings.namespace + "handover"), tmp_path)
+    stack = Stack(settings.with_changes(namespace=settings.namespace + "handover"), tmp_path)
     stack.create_key("a")
     try:
         stack.add("parser", "parser")
