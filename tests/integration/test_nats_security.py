@@ -30,7 +30,7 @@ import pytest
 from steno.infra.embedded import answers, free_port, nats_server_binary
 from steno.infra.processes import ServiceProcess, service_env
 from steno.services.common import bus
-from steno.services.common.config import Settings
+from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.nats_options import NatsRefused
 
 pytestmark = pytest.mark.integration
@@ -137,8 +137,8 @@ def secure_nats(pki, nkey_user, tmp_path_factory) -> Iterator[NatsServer]:
         yield server
 
 
-def settings_for(server: NatsServer, pki: Path, **changes) -> Settings:
-    good = Settings(
+def settings_for(server: NatsServer, pki: Path, **changes) -> ApiSettings:
+    good = ApiSettings(
         nats_url=f"tls://localhost:{server.port}", database_url="postgresql://unused/none",
         namespace="sec" + secrets.token_hex(3), token_partitions=2,
         nats_user="steno", nats_password=PASSWORD, nats_tls_ca=str(pki / "ca.crt"),
