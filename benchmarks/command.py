@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "vllm"]
+SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "steady",
+             "vllm"]
 EXTRA_HINT = "pip install 'steno[bench]'"
 
 
@@ -30,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--affinity-workers", type=int, default=3, help="workers of the model (affinity)")
     parser.add_argument("--affinity-conversations", type=int, default=24)
     parser.add_argument("--affinity-turns", type=int, default=6)
+    parser.add_argument("--steady-levels", default="64,256", help="concurrent streams (steady)")
+    parser.add_argument("--steady-tokens", type=int, default=1000, help="tokens per response (steady)")
+    parser.add_argument("--steady-rate", type=float, default=50.0, help="tokens/s of each stream (steady)")
+    parser.add_argument("--steady-limit-ms", type=float, default=50.0,
+                        help="added p99 per delta that the search for the most streams keeps under (steady)")
+    parser.add_argument("--steady-max-streams", type=int, default=1024, help="where that search stops (steady)")
     parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
     parser.add_argument("--vllm-max-tokens", type=int, default=64)
     parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")

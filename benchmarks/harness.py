@@ -16,6 +16,9 @@ Scenarios:
   affinity    multi-turn conversations over several workers of one model, with and
               without prompt_cache_key: the share of prompt tokens found in the serving
               worker's prefix cache (the simulator's model of one)
+  steady      long streams at a steady rate (1,000 tokens at 50 tokens/s each), side by
+              side: added latency per delta, CPU and Postgres writes per 1,000 tokens, and
+              the most streams whose added p99 stays under a limit (benchmarks/steady.py)
   vllm        Steno with a vLLM worker against vLLM's own OpenAI server on the same tiny
               model (needs vLLM: ``infra/vllm-env run steno bench --scenarios vllm``)
 
@@ -181,13 +184,17 @@ class Bench:
         self.stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "20")
         for _ in range(self.api_replicas):
             self.stack.add_api()
-        with open(self.work / "baseline.log", "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "steno.benchmarks.baseline",
-                                        "--port", str(self.baseline_port)],
-                                       stdout=log, stderr=subprocess.STDOUT)
-        self.baseline = ServiceProcess("baseline", [], self.work / "baseline.log", process)
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{self.baseline_port}", self.baseline)
+        self.baseline = await self.start_baseline("baseline", self.baseline_port)
         await asyncio.sleep(3)  # the parser takes its partitions
+
+    async def start_baseline(self, name: str, port: int, *flags: str) -> ServiceProcess:
+        """A baseline server (``benchmarks/baseline.py``) with its own flags, once healthy."""
+        with open(self.work / f"{name}.log", "ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "steno.benchmarks.baseline", "--port", str(port), *flags],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        baseline = ServiceProcess(name, [], self.work / f"{name}.log", process)
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}", baseline)
+        return baseline
 
     @property
     def steno_url(self) -> str:
@@ -676,6 +683,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if "vllm" in scenarios:
                 results["vllm"] = await side_by_side(bench, Path(tmp), [int(x) for x in args.vllm_levels.split(",")],
                                                      args.vllm_max_tokens, args.vllm_rounds)
+            if "steady" in scenarios:
+                from steno.benchmarks.steady import steady  # it builds on this module
+
+                results["steady"] = await steady(bench, [int(x) for x in args.steady_levels.split(",")],
+                                                 args.steady_tokens, args.steady_rate, args.steady_limit_ms,
+                                                 args.steady_max_streams)
         finally:
             await bench.stop()
     machine["yardstick_ms_after"] = round(yardstick_ms(), 3)
@@ -689,3 +702,8 @@ def main(args: argparse.Namespace) -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     drawn = chart(results, args.out / "chart.png")
     print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'chart.png'}" if drawn else ""))
+    if "steady" in results:
+        from steno.benchmarks import steady
+
+        steady.chart(results["steady"], args.out / "steady.png")
+        print(f"wrote {args.out / 'steady.png'}")

@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long to wait for the workers to serve the model (vLLM loads it first)")
     parser.add_argument("--sim-tokens-per-s", type=float, default=200.0)
     parser.add_argument("--sim-first-token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--sim-answer-tokens", type=int, default=0,
+                        help="output length: each plain-text answer's completion has at least this many tokens")
     parser.add_argument("--sim-dialect", default="harmony",
                         help="the format the simulated model speaks: harmony (gpt-oss), or a chat-template "
                         "family: hermes, llama3, mistral, qwen3, deepseek")
@@ -90,7 +92,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     if args.engine == "vllm":
         return ["worker", "--engine", "vllm", "--model", served_model(args), *model_argv(args)]
     return ["worker", "--model", served_model(args), "--sim-tokens-per-s", str(args.sim_tokens_per_s),
-            "--sim-first-token-delay-ms", str(args.sim_first_token_delay_ms), "--sim-dialect", args.sim_dialect]
+            "--sim-first-token-delay-ms", str(args.sim_first_token_delay_ms), "--sim-dialect", args.sim_dialect,
+            "--sim-answer-tokens", str(args.sim_answer_tokens)]
 
 
 def worker_environments(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -119,6 +119,9 @@ class TokenBatch(BaseModel):
     # On the last batch of an attempt: the attempt's end (batch_count = batch_no + 1),
     # one message instead of two.
     ended: GenerationEnded | None = None
+    # When the engine emitted the batch's last token (unix seconds, the worker's clock):
+    # what a client's arrival time is measured against (``steno bench --scenarios steady``).
+    emitted_at: float | None = None
 
 
 # What a response's token subject carries.

@@ -204,11 +204,21 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
 
 
 async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int = 1) -> KeyValue:
-    """Opens a KV bucket, creating it on first use."""
+    """Opens a KV bucket, creating it on first use. A bucket made with another TTL (by an
+    earlier release) takes this one: a TTL is the bucket's stream's age limit, fixed when
+    it is created unless the stream is updated."""
     try:
-        return await js.key_value(name)
+        bucket = await js.key_value(name)
     except BucketNotFoundError:
         return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl_s, history=1, replicas=replicas))
+    stream = (await js.stream_info(f"KV_{name}")).config
+    if stream.max_age != ttl_s:
+        log.info("bucket %s: TTL %ss -> %ss", name, stream.max_age, ttl_s)
+        stream.max_age = ttl_s
+        # JetStream refuses a duplicate window longer than the age limit.
+        stream.duplicate_window = min(stream.duplicate_window or ttl_s, ttl_s)
+        await js.update_stream(stream)
+    return bucket
 
 
 async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:

@@ -1,7 +1,8 @@
 """Partitions of some work held through leases in a NATS KV bucket: one holder per partition.
 
 create = claim, update by revision = renew, delete = release, bucket TTL = lease
-expiry. Live holders register in a second bucket; each aims at its fair share,
+expiry (an existing bucket made with another TTL is brought to this one's). Live
+holders register in a second bucket; each aims at its fair share,
 ceil(partitions / live holders): one holding more releases the surplus, one holding
 less claims free partitions. A holder that dies stops renewing and its partitions are
 free within the TTL.
@@ -21,15 +22,19 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyValueError, NoKeysError
+from nats.js.errors import KeyValueError
 
 from steno.services.common.bus import kv_bucket
+from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.metrics import PARTITIONS_TAKEN_OVER
 
 log = logging.getLogger(__name__)
 
-LEASE_TTL_S = 6.0
-RENEW_EVERY_S = 2.0
+# A dead holder's partitions are free this long after its last renewal; a live one
+# renews four times within it, so a loaded machine delaying a round or two takes
+# nothing from it.
+LEASE_TTL_S = 2.0
+RENEW_EVERY_S = 0.5
 
 PartitionCallback = Callable[[int], Awaitable[None]]
 
@@ -52,27 +57,31 @@ class PartitionLeases:
     async def run(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
         self._leases = await kv_bucket(self._js, self._leases_bucket, LEASE_TTL_S, self._replicas)
         self._holders = await kv_bucket(self._js, self._holders_bucket, LEASE_TTL_S, self._replicas)
-        while True:
-            try:
-                await self._round(acquired, lost)
-            except Exception:
-                log.exception("lease round failed")
-            self._started = True
-            await asyncio.sleep(RENEW_EVERY_S)
+        # The holders are followed by one watcher: listing the bucket's keys every round
+        # would make (and leave lingering) a JetStream consumer each time.
+        self._live = KvMirror(self._holders, self._holders_bucket, LEASE_TTL_S)
+        await self._live.start()
+        try:
+            while True:
+                try:
+                    await self._round(acquired, lost)
+                except Exception:
+                    log.exception("lease round failed")
+                self._started = True
+                await asyncio.sleep(RENEW_EVERY_S)
+        finally:
+            await self._live.stop()
 
     def _key(self, partition: int) -> str:
         return f"{self._prefix}p{partition}"
 
     async def _live_holders(self) -> int:
-        await self._holders.put(self._prefix + self._instance_id, b"1")
-        try:
-            keys = await self._holders.keys()
-        except NoKeysError:
-            return 1
-        return max(1, sum(1 for key in keys if key.startswith(self._prefix)))
+        own = self._prefix + self._instance_id
+        await self._holders.put(own, b"1")
+        return len({key for key, _ in self._live.items() if key.startswith(self._prefix)} | {own})
 
     async def _round(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
-        share = math.ceil(self._partitions / await self._live_holders())
+        # Renewals first: counting the holders takes round trips a renewal need not wait for.
         for partition, revision in list(self._revisions.items()):
             try:
                 self._revisions[partition] = await self._leases.update(
@@ -82,6 +91,7 @@ class PartitionLeases:
                 del self._revisions[partition]
                 log.warning("lost the lease on partition %s", self._key(partition))
                 await lost(partition)
+        share = math.ceil(self._partitions / await self._live_holders())
         while len(self._revisions) > share:
             partition = max(self._revisions)
             await lost(partition)

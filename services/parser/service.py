@@ -40,8 +40,10 @@ FETCH_BATCH = 256
 MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
 # The parser acks within milliseconds of a fetch; what a dead parser had fetched comes
-# back to the partition's next holder after this.
-TOKENS_ACK_WAIT_S = 5.0
+# back to the partition's next holder after this, which is no longer than the
+# partition's lease takes to lapse (leases.LEASE_TTL_S). A commit slower than this
+# meets its messages again, which the states place as duplicates.
+TOKENS_ACK_WAIT_S = 2.0
 # A batch that fails this many deliveries in a row fails its response.
 POISON_DELIVERIES = 4
 # States held in memory; a response silent long enough to fall out is rebuilt when it speaks.

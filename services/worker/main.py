@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simulator.add_argument("--sim-context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS,
                            help="the context the simulated model holds (prompts that fill it are refused)")
     simulator.add_argument("--sim-answer-tokens", type=int, default=0,
-                           help="pad plain-text answers to completions of at least this many tokens (for load)")
+                           help="output length: plain-text answers are padded to completions of at least this "
+                           "many tokens (for load)")
     simulator.add_argument("--sim-dialect", choices=SIMULATED_DIALECTS, default=dialects.DEFAULT_DIALECT,
                            help="the format the simulator speaks: Harmony, or a chat-template family's "
                            "template, reasoning and tool-call markup")

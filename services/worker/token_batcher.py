@@ -16,9 +16,13 @@ class PendingBatch:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # When the engine emitted the last token added (unix seconds): TokenBatch.emitted_at.
+    emitted_at: float | None = None
 
-    def add(self, output: EngineOutput) -> None:
+    def add(self, output: EngineOutput, emitted_at: float) -> None:
         self.token_ids += output.token_ids
+        if output.token_ids:
+            self.emitted_at = emitted_at
         if output.logprobs is not None:
             self.logprobs = (self.logprobs or []) + output.logprobs
         if output.top_logprobs is not None:
@@ -52,12 +56,12 @@ async def coalesce(
     was quieter than that, so a stream costs at most one message per interval. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event."""
-    queue: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[EngineOutput, float] | None] = asyncio.Queue()
 
     async def produce() -> None:
         try:
             async for output in outputs:
-                await queue.put(output)
+                await queue.put((output, time.time()))
         finally:
             await queue.put(None)
 
@@ -73,29 +77,30 @@ async def coalesce(
             if wake is None and keepalive_s is not None:
                 wake = last_flush + keepalive_s
             timeout = None if wake is None else max(0.0, wake - time.monotonic())
-            output: EngineOutput | object | None
+            received: tuple[EngineOutput, float] | object | None
             try:
-                output = await asyncio.wait_for(queue.get(), timeout)
+                received = await asyncio.wait_for(queue.get(), timeout)
             except TimeoutError:
-                output = _INTERVAL_ELAPSED
+                received = _INTERVAL_ELAPSED
                 if deadline is None:
                     await flush(PendingBatch())
                     last_flush = time.monotonic()
                     continue
             # What else came meanwhile goes in the same batch.
-            while isinstance(output, EngineOutput) and output.finish_reason is None and not queue.empty():
-                pending.add(output)
-                output = queue.get_nowait()
-            if output is None:
+            while isinstance(received, tuple) and received[0].finish_reason is None and not queue.empty():
+                pending.add(*received)
+                received = queue.get_nowait()
+            if received is None:
                 break
-            if isinstance(output, EngineOutput):
-                pending.add(output)
+            if isinstance(received, tuple):
+                output, emitted_at = received
+                pending.add(output, emitted_at)
                 if output.finish_reason is not None:
                     last = output
                     break
                 if deadline is None and pending.token_ids:
                     deadline = last_flush + interval_s
-            due = (output is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens
+            due = (received is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens
                    or flushed_tokens < eager_tokens or time.monotonic() >= last_flush + interval_s)
             if pending.token_ids and due:
                 flushed_tokens += len(pending.token_ids)

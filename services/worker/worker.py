@@ -10,7 +10,7 @@ Backpressure: the worker asks JetStream for no more requests than it has free sl
 (of ``concurrency``), so waiting work stays in JetStream, never in worker memory. The
 shards it holds pull one request at a time from the same slots, so at most one request
 per shard held can start beyond ``concurrency``. While a request
-runs the worker heartbeats it (in-progress acks); it acks only after the last batch,
+is held the worker heartbeats it (in-progress acks); it acks only after the last batch,
 which carries the attempt's end, is stored in the TOKENS stream, so a worker that dies
 mid-generation has its request redelivered. The delivery count is the attempt number; a later
 attempt reads what earlier ones published and continues from there."""
@@ -72,9 +72,16 @@ log = logging.getLogger(__name__)
 # A request that keeps failing before its end is published (bus trouble, a crash loop)
 # is given up after this many deliveries.
 MAX_DELIVER = 5
-# A request whose worker stops heartbeating goes to another worker after this.
-WORK_ACK_WAIT_S = 10.0
-HEARTBEAT_S = 3.0
+# A request whose worker stops heartbeating goes to another worker after this: a dead
+# worker's requests go on elsewhere within it.
+WORK_ACK_WAIT_S = 2.0
+# Every request the worker holds is heartbeated (an in-progress ack) this often, by one
+# timer for all of them: four beats to an ack wait, so a worker slowed by a loaded
+# machine keeps its requests, while a dead one loses them within the ack wait.
+HEARTBEAT_S = 0.5
+# The running requests' cancel flags are also read directly this often, in case the
+# watcher missed one (cut off from NATS, say).
+CANCEL_CHECK_S = 3.0
 # Publishing rides out a NATS restart this long before the attempt is abandoned.
 PUBLISH_PATIENCE_S = 60.0
 RETRY_DELAY_S = 0.5
@@ -115,6 +122,7 @@ class GenerationWorker:
                                        replicas=names.replicas, scope=model_token(model))
         self._shard_pulls: dict[int, asyncio.Task] = {}
         self._lease_rounds: asyncio.Task | None = None
+        self._heartbeats: asyncio.Task | None = None
         self._batch_interval_s = batch_interval_s
         self._batch_max_tokens = batch_max_tokens
         self._keepalive_s = keepalive_s
@@ -122,6 +130,8 @@ class GenerationWorker:
         self._stopping = asyncio.Event()
         # response id -> engine request id, for the requests generating here now
         self._running: dict[str, str] = {}
+        # Every work message delivered here and not yet acked or handed back: the heartbeat's.
+        self._held: dict[int, Msg] = {}  # by id(): a Msg is not hashable
         # Levels read when scraped; the counters' children are bound once, off the token path.
         IN_FLIGHT.labels(model).set_function(lambda: len(self._tasks))
         FREE_SLOTS.labels(model).set_function(lambda: max(0, self._credits.count))
@@ -148,6 +158,8 @@ class GenerationWorker:
         await self._cancels.start()
         self._requests = await request_store(self._js, names)
         registration = asyncio.create_task(self._register())
+        # Beats on while stop() drains the requests still running.
+        self._heartbeats = asyncio.create_task(self._heartbeat())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
             await self._take_work(self._feed)
@@ -168,6 +180,9 @@ class GenerationWorker:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
 
     async def _register(self) -> None:
         """Tells the API this model is served, and in which dialect, for as long as the
@@ -238,6 +253,7 @@ class GenerationWorker:
     async def _run_one(self, msg: Msg) -> None:
         # Each request runs in a task of its own, whose log context and trace it joins.
         logs.bind(tenant=tenant_of(msg.headers), model=self._model)
+        self._held[id(msg)] = msg
         try:
             with tracer.start_as_current_span("generate", context=trace_context(msg.headers), kind=SpanKind.CONSUMER,
                                               attributes={"steno.model": self._model}):
@@ -252,18 +268,27 @@ class GenerationWorker:
             with suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
+            self._held.pop(id(msg), None)
             self._credits.release()
 
-    async def _heartbeat(self, msg: Msg, engine_request_id: str, response_id: str) -> None:
-        """Keeps the request ours, and reads the cancel flag itself in case the watcher
-        missed it (it was cut off from NATS, say)."""
+    async def _heartbeat(self) -> None:
+        """Keeps every request held here ours, from its delivery (reading the request and
+        the earlier attempts' output included) to its ack: one timer for all of them
+        rather than a task per request. Every few beats it reads the running requests'
+        cancel flags itself."""
+        beats_per_cancel_check = round(CANCEL_CHECK_S / HEARTBEAT_S)
+        beat = 0
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            with suppress(Exception):
-                await msg.in_progress()
-            with suppress(Exception):
-                if await self._cancels.fetch(response_id) is not None:
-                    await self._engine.abort(engine_request_id)
+            for msg in list(self._held.values()):
+                with suppress(Exception):
+                    await msg.in_progress()
+            beat += 1
+            if beat % beats_per_cancel_check == 0:
+                for response_id, engine_request_id in list(self._running.items()):
+                    with suppress(Exception):
+                        if await self._cancels.fetch(response_id) is not None:
+                            await self._engine.abort(engine_request_id)
 
     async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
         """Publishes to JetStream, riding out a NATS restart; the message id makes a
@@ -330,6 +355,7 @@ class GenerationWorker:
                 resumed_after=len(prior.token_ids) if attempt > 0 and batch_no == 0 else None,
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
+                emitted_at=pending.emitted_at,
                 parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
@@ -351,7 +377,6 @@ class GenerationWorker:
         else:
             engine_request_id = f"{rid}:{attempt}"
             self._running[rid] = engine_request_id
-            heartbeat = asyncio.create_task(self._heartbeat(msg, engine_request_id, rid))
             try:
                 outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
                 last, tail = await coalesce(
@@ -360,7 +385,6 @@ class GenerationWorker:
             except EngineError as exc:
                 error = exc
             finally:
-                heartbeat.cancel()
                 self._running.pop(rid, None)
             finish = "error" if error is not None else (last.finish_reason if last and last.finish_reason else "stop")
         # The last batch carries the attempt's end: one message, one commit, one ack less.

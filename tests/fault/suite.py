@@ -4,7 +4,12 @@ Starts a multi-replica Steno (2 API/edge, 2 workers, 2 parsers) on loopback, on 
 and a Postgres of its own, runs K concurrent streaming clients, injects one failure per
 trial at a random point, and checks every stream: sequence numbers gapless from 0, no
 duplicates, a terminal event, concatenated deltas == final text == stored snapshot,
-and the log in Postgres identical to what the client saw. Prints a table.
+and the log in Postgres identical to what the client saw. Prints a table with the
+longest pause each stream saw (the largest gap between two events it received) and the
+takeovers: partitions or affinity shards acquired from another holder and generation
+requests taken up again, counted by the parsers' and workers' own metrics from the
+failure on. Under "cpu-hog" (a busy loop on every core for a few seconds, every process
+alive) a takeover is a live process's work taken from it, and fails the trial.
 
     python -m tests.fault.suite                       # every failure, 3 trials, 16 streams
     python -m tests.fault.suite --trials 1 --streams 6 --failures worker,parser
@@ -15,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +35,7 @@ import httpx
 import nats
 import orjson
 
+from steno.infra.embedded import free_port
 from steno.infra.processes import Stack, wait_healthy
 from steno.schemas.bus import TokenBatch
 from steno.services.common.bus import Names, partition_of
@@ -35,7 +43,15 @@ from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
-FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison", "poisoned-output"]
+FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison", "poisoned-output",
+            "cpu-hog"]
+# Failures that kill nothing: any takeover during them took work from a live process.
+NOTHING_DIES = {"cpu-hog"}
+# The busy loop "cpu-hog" runs on every core, each process ending by itself.
+HOG_S = 8.0
+BUSY_LOOP = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end:\n    pass\n"
+# What the parsers and workers count when they take work over (services/common/metrics.py).
+TAKEOVER_METRICS = ("steno_partitions_taken_over_total", "steno_work_redelivered_total")
 MODEL = "steno-fault"
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
@@ -58,7 +74,9 @@ class TrialResult:
     duplicates: int = 0
     failed: int = 0
     mismatches: list[str] = field(default_factory=list)
-    recovery_s: list[float] = field(default_factory=list)
+    # Per stream, the largest gap between two consecutive events it received.
+    longest_pause_s: list[float] = field(default_factory=list)
+    takeovers: int = 0
 
 
 async def stream_client(stack: Stack, index: int, rng: random.Random, deadline: float) -> StreamRecord:
@@ -183,7 +201,30 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
         return target
     elif failure == "poisoned-output":
         return await poisoned_output(stack.settings, next(r.response_id for r in records if r.response_id))
+    elif failure == "cpu-hog":
+        hogs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(os.cpu_count() or 1)]
+        await asyncio.gather(*(asyncio.to_thread(hog.wait) for hog in hogs))
     return None
+
+
+async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int]) -> list[float]:
+    """Each parser's and worker's takeovers so far, read from its metrics endpoint (0 for
+    one that does not answer: it was killed and is starting again)."""
+    counts = []
+    for port in metrics_ports:
+        try:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        except httpx.HTTPError:
+            counts.append(0.0)
+            continue
+        counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith(TAKEOVER_METRICS)))
+    return counts
+
+
+def takeovers_between(before: list[float], after: list[float]) -> int:
+    """A process whose count went down was restarted: all it counts happened since."""
+    return round(sum(a - b if a >= b else a for b, a in zip(before, after)))
 
 
 def _env(stack: Stack) -> dict[str, str]:
@@ -214,7 +255,7 @@ async def check_injected(conn: asyncpg.Connection, injected: dict[str, tuple[str
 
 
 async def check(stack: Stack, records: list[StreamRecord], expected: str | dict[str, tuple[str, str | None]] | None,
-                injected_at: float, result: TrialResult) -> None:
+                result: TrialResult) -> None:
     expected_failure = expected if isinstance(expected, str) else None
     conn = await asyncpg.connect(stack.settings.database_url)
     try:
@@ -252,10 +293,8 @@ async def check(stack: Stack, records: list[StreamRecord], expected: str | dict[
                                     record.response_id)
             if [tuple(r) for r in rows] != record.events:
                 result.mismatches.append(f"{record.response_id}: the stored log differs from what the client saw")
-            after = [t for t in record.arrivals if t >= injected_at]
-            gaps = [b - a for a, b in zip([injected_at, *after], after)]
-            if gaps:
-                result.recovery_s.append(max(gaps))
+            gaps = [b - a for a, b in zip(record.arrivals, record.arrivals[1:])]
+            result.longest_pause_s.append(max(gaps, default=0.0))
     finally:
         await conn.close()
 
@@ -276,9 +315,11 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
     try:
         stack.create_key("fault")
         stack.keys["a"] = stack.keys["fault"]
+        metrics_ports = [free_port() for _ in range(4)]
         for i in range(2):
-            stack.add(f"parser-{i}", "parser")
-            stack.add(f"worker-{i}", "worker", "--model", MODEL, "--sim-tokens-per-s", str(tokens_per_s))
+            stack.add(f"parser-{i}", "parser", "--metrics-port", str(metrics_ports[2 * i]))
+            stack.add(f"worker-{i}", "worker", "--model", MODEL, "--sim-tokens-per-s", str(tokens_per_s),
+                      "--metrics-port", str(metrics_ports[2 * i + 1]))
         for _ in range(2):
             stack.add_api()
         await asyncio.sleep(3)  # parsers settle their partition shares
@@ -290,10 +331,14 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
         while not records_so_far:
             await asyncio.sleep(0.1)
             records_so_far = [StreamRecord(response_id=r) for r in await _created(settings)]
-        injected_at = time.monotonic()
-        expected = await inject(failure, stack, bus, pg, records_so_far, rng)
-        records = await asyncio.gather(*clients)
-        await check(stack, records, expected, injected_at, result)
+        async with httpx.AsyncClient(timeout=5) as http:
+            counted_before = await takeover_counts(http, metrics_ports)
+            expected = await inject(failure, stack, bus, pg, records_so_far, rng)
+            records = await asyncio.gather(*clients)
+            result.takeovers = takeovers_between(counted_before, await takeover_counts(http, metrics_ports))
+        if failure in NOTHING_DIES and result.takeovers:
+            result.mismatches.append(f"{result.takeovers} takeovers of work from live processes")
+        await check(stack, records, expected, result)
     finally:
         stack.stop()
         if failure == "nats-node":
@@ -318,13 +363,14 @@ def percentile(values: list[float], q: float) -> float:
 
 def table(results: dict[str, list[TrialResult]]) -> str:
     lines = [f"{'failure':<16} {'trials':>6} {'streams':>7} {'lost':>5} {'dup':>5} {'failed':>6} "
-             f"{'recovery p50':>12} {'p99':>7}"]
+             f"{'takeovers':>9} {'longest pause p50':>17} {'p99':>7} {'max':>7}"]
     for failure, trials in results.items():
-        recovery = [r for t in trials for r in t.recovery_s]
+        pauses = [p for t in trials for p in t.longest_pause_s]
         lines.append(
             f"{failure:<16} {len(trials):>6} {sum(t.streams for t in trials):>7} {sum(t.lost for t in trials):>5} "
             f"{sum(t.duplicates for t in trials):>5} {sum(t.failed for t in trials):>6} "
-            f"{percentile(recovery, 0.5):>11.2f}s {percentile(recovery, 0.99):>6.2f}s"
+            f"{sum(t.takeovers for t in trials):>9} {percentile(pauses, 0.5):>16.2f}s "
+            f"{percentile(pauses, 0.99):>6.2f}s {max(pauses, default=0.0):>6.2f}s"
         )
     return "\n".join(lines)
 

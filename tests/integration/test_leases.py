@@ -1,5 +1,6 @@
 """Partitions shared out through KV leases, against a real JetStream: fair shares within
-a scope, scopes apart, and a holder that leaves handing its partitions on."""
+a scope, scopes apart, a holder that leaves handing its partitions on, one that dies
+having them taken over, and buckets of an earlier release brought to the lease TTL."""
 
 import asyncio
 import secrets
@@ -9,8 +10,9 @@ from contextlib import suppress
 
 import nats
 import pytest
+from nats.js.api import KeyValueConfig
 
-from steno.services.common.leases import PartitionLeases
+from steno.services.common.leases import LEASE_TTL_S, PartitionLeases
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +74,28 @@ async def test_holders_of_a_scope_share_its_partitions_fairly_and_apart_from_ano
     finally:
         for holder in (first, second, alone):
             await holder.leave()
+
+
+async def test_a_holder_that_dies_has_its_partitions_taken_over_once_its_leases_lapse(jetstream):
+    js, buckets = jetstream
+    first, second = Holder(js, buckets, "first", "model-a"), Holder(js, buckets, "second", "model-a")
+    try:
+        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
+        # Dies: stops renewing without releasing anything, as after SIGKILL.
+        first.task.cancel()
+        await asyncio.gather(first.task, return_exceptions=True)
+        await settled(lambda: second.held == set(range(PARTITIONS)))
+    finally:
+        await second.leave()
+
+
+async def test_buckets_made_with_another_ttl_take_the_lease_ttl(jetstream):
+    js, buckets = jetstream
+    for bucket in buckets:  # as an earlier release made them
+        await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=3 * LEASE_TTL_S, history=1))
+    holder = Holder(js, buckets, "only", "model-a")
+    try:
+        await settled(lambda: holder.held == set(range(PARTITIONS)))
+        assert [(await (await js.key_value(bucket)).status()).ttl for bucket in buckets] == [LEASE_TTL_S] * 2
+    finally:
+        await holder.leave()

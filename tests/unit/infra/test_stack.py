@@ -79,6 +79,11 @@ def test_a_simulator_worker_gets_no_vllm_flags():
     assert worker.dtype == "auto"
 
 
+def test_a_simulator_worker_gets_the_output_length():
+    worker = as_worker(steno_up.worker_argv(parsed("--sim-answer-tokens", "1000", "--sim-tokens-per-s", "50")))
+    assert (worker.sim_answer_tokens, worker.sim_tokens_per_s) == (1000, 50.0)
+
+
 def test_several_vllm_workers_get_a_gpu_each():
     args = parsed("--engine", "vllm", "--model-path", "/models/m", "--workers", "3")
     assert steno_up.worker_environments(args, {}) == {

@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 import pytest
 
@@ -127,3 +128,29 @@ def test_the_last_batch_is_returned_to_go_out_with_the_end():
     last, tail = asyncio.run(go())
     assert flushed == [[1]]
     assert tail.token_ids == [2, 3] and last.finish_reason == "length"
+
+
+def test_each_batch_carries_when_its_last_token_was_emitted():
+    yielded_at: dict[int, float] = {}
+    flushed = []
+
+    async def timed_source():
+        for i in range(6):
+            await asyncio.sleep(0.01)
+            yielded_at[i] = time.time()
+            yield EngineOutput([i], finish_reason="stop" if i == 5 else None)
+
+    async def flush(batch):
+        flushed.append((list(batch.token_ids), batch.emitted_at))
+
+    async def go():
+        _, tail = await coalesce(timed_source(), flush, 0.025, 100, keepalive_s=0.005, eager_tokens=2)
+        flushed.append((list(tail.token_ids), tail.emitted_at))
+
+    asyncio.run(go())
+    with_tokens = [(tokens, emitted_at) for tokens, emitted_at in flushed if tokens]
+    assert sum((tokens for tokens, _ in with_tokens), []) == list(range(6))
+    for tokens, emitted_at in with_tokens:
+        last = tokens[-1]
+        assert yielded_at[last] <= emitted_at < yielded_at.get(last + 1, float("inf"))
+    assert all(emitted_at is None for tokens, emitted_at in flushed if not tokens)  # keepalives emit nothing
