@@ -16,7 +16,8 @@ def asyncpg_dsn(url: str) -> str:
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
-    """Steno sets no session state (no SET, LISTEN or advisory locks), so a released
+    """Steno sets no session state (no SET, LISTEN or session-level advisory locks; the
+    quotas' advisory locks end with their transaction), so a released
     connection needs no reset query: that saves a round trip on every pool use. asyncpg
     still rolls back any transaction left open before calling this."""
 
