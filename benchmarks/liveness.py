@@ -1,6 +1,6 @@
 """What noticing a dead process quickly costs (not a test).
 
-Heartbeats: a worker keeps each work message it holds alive with in-progress acks. One
+Heartbeats: a worker (or parser) keeps each message it holds alive with in-progress acks. One
 task per held message, each sleeping and acking, against one timer acking every held
 message in turn (what the worker does); both send the same acks to NATS; the figure is
 the worker process's CPU per second of holding.
@@ -34,7 +34,7 @@ from nats.aio.msg import Msg
 
 from steno.infra.embedded import answers, free_port, nats_server_binary
 from steno.services.common import leases
-from steno.services.worker.worker import HEARTBEAT_S
+from steno.services.common.in_progress import BEAT_S, InProgress
 
 PARTITIONS = 8
 HOLDERS = 2
@@ -45,7 +45,7 @@ LEASE_TIMINGS = ((6.0, 2.0), (leases.LEASE_TTL_S, leases.RENEW_EVERY_S))
 async def task_per_message(held: list[Msg], stop: asyncio.Event) -> None:
     async def beat(msg: Msg) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(BEAT_S)
             await msg.in_progress()
 
     tasks = [asyncio.create_task(beat(msg)) for msg in held]
@@ -56,10 +56,12 @@ async def task_per_message(held: list[Msg], stop: asyncio.Event) -> None:
 
 
 async def one_timer(held: list[Msg], stop: asyncio.Event) -> None:
+    in_progress = InProgress()
+    for msg in held:
+        in_progress.hold(msg)
     while not stop.is_set():
-        await asyncio.sleep(HEARTBEAT_S)
-        for msg in held:
-            await msg.in_progress()
+        await asyncio.sleep(BEAT_S)
+        await in_progress.beat()
 
 
 Scheme = Callable[[list[Msg], asyncio.Event], Coroutine[None, None, None]]
@@ -94,8 +96,9 @@ async def lease_costs(url: str, server_pid: int, ttl_s: float, renew_s: float, s
     async def nothing(_: int) -> None:
         return None
 
-    holders = [leases.PartitionLeases(js, leases_bucket=buckets[0], holders_bucket=buckets[1],
-                                      partitions=PARTITIONS, instance_id=f"holder-{i}") for i in range(HOLDERS)]
+    holders = [leases.PartitionLeases(nc, leases_bucket=buckets[0], holders_bucket=buckets[1],
+                                      partitions=PARTITIONS, instance_id=f"holder-{i}",
+                                      presence_prefix=f"presence_{run}") for i in range(HOLDERS)]
     rounds = [asyncio.create_task(holder.run(nothing, nothing)) for holder in holders]
     try:
         await asyncio.sleep(3 * renew_s + 1)  # shares settled
@@ -124,7 +127,7 @@ async def lease_costs(url: str, server_pid: int, ttl_s: float, renew_s: float, s
 async def main(args: argparse.Namespace) -> None:
     nc = await nats.connect(os.environ.get("STENO_NATS_URL", "nats://127.0.0.1:4222").split(","))
     try:
-        print(f"heartbeats: in-progress acks every {HEARTBEAT_S}s, worker CPU per second of holding")
+        print(f"heartbeats: in-progress acks every {BEAT_S}s, worker CPU per second of holding")
         for held_count in args.held:
             for name, scheme in (("task per message", task_per_message), ("one timer", one_timer)):
                 share = await heartbeat_cpu(nc, scheme, held_count, args.seconds)

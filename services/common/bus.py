@@ -125,6 +125,11 @@ class Names:
         return f"{self.namespace}.events.{origin}.*"
 
     @property
+    def presence_prefix(self) -> str:
+        """Each lease holder answers on ``<prefix>.<instance_id>`` while its process lives."""
+        return f"{self.namespace}.presence"
+
+    @property
     def cancel_bucket(self) -> str:
         return f"{self.namespace}_cancel"
 

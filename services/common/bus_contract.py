@@ -212,6 +212,17 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
             publishers=("worker",), text=True,
             bucket=kv(names.affinity_holders_bucket, LEASE_TTL_S, "{model}.{instance_id}"),
         ),
+        Channel(
+            "presence", f"{names.presence_prefix}.{{instance_id}}", str,
+            "A probe of a lease holder (parser or worker), empty, as a request: the holder answers it with an "
+            "empty reply while its process lives. NATS refusing it (no responders) means the holder's connection "
+            "is gone, and its leases are freed without waiting for their TTL.",
+            publishers=("worker", "parser"), text=True,
+            receivers=(Receiver("worker", f"{names.presence_prefix}.{{instance_id}}", "Each worker, on its own "
+                                "instance id."),
+                       Receiver("parser", f"{names.presence_prefix}.{{instance_id}}", "Each parser, on its own "
+                                "instance id.")),
+        ),
     ]
 
 

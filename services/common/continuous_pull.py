@@ -17,7 +17,10 @@ and a request asks for at most the credits in hand, so waiting work stays in Jet
 Several pulls may share one ``Credits``: each asks for what is free when it asks, so
 together they may take up to their open requests' sizes beyond it (a worker's affinity
 shards pull one message at a time for this reason).
-A request is never left waiting for a full batch: messages are handed over as they come."""
+A request is never left waiting for a full batch: messages are handed over as they come.
+
+With ``held`` every message is held there from its arrival (kept from redelivery by
+in-progress acks) until its taker releases it, having acked it."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from contextlib import suppress
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from steno.services.common.in_progress import InProgress
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +69,7 @@ class Credits:
 
 class ContinuousPull:
     def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float = 30.0,
-                 credits: Credits | None = None) -> None:
+                 credits: Credits | None = None, held: InProgress | None = None) -> None:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
@@ -75,6 +80,7 @@ class ContinuousPull:
         self._ends_at = 0.0
         self._reconnects = 0  # the connection's reconnect count when the request went out
         self._credits = credits
+        self._held = held
         self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -92,8 +98,12 @@ class ContinuousPull:
             if not (msg.headers and msg.headers.get(STATUS)):
                 with suppress(Exception):
                     await msg.nak()
+                if self._held is not None:
+                    self._held.release(msg)
 
     async def _on_message(self, msg: Msg) -> None:
+        if self._held is not None and not (msg.headers and msg.headers.get(STATUS)):
+            self._held.hold(msg)
         self._arrived.put_nowait(msg)
 
     async def _request(self) -> None:

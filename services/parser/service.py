@@ -25,6 +25,7 @@ from steno.services.common import logs
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
+from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import PARSED_EVENTS
 from steno.services.common.model_files import ensure_model_files
@@ -39,11 +40,6 @@ log = logging.getLogger(__name__)
 FETCH_BATCH = 256
 MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
-# The parser acks within milliseconds of a fetch; what a dead parser had fetched comes
-# back to the partition's next holder after this, which is no longer than the
-# partition's lease takes to lapse (leases.LEASE_TTL_S). A commit slower than this
-# meets its messages again, which the states place as duplicates.
-TOKENS_ACK_WAIT_S = 2.0
 # A batch that fails this many deliveries in a row fails its response.
 POISON_DELIVERIES = 4
 # States held in memory; a response silent long enough to fall out is rebuilt when it speaks.
@@ -61,11 +57,16 @@ class ParserService:
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
-        self._leases = PartitionLeases(self._js, leases_bucket=names.parser_leases_bucket,
+        self._leases = PartitionLeases(nc, leases_bucket=names.parser_leases_bucket,
                                        holders_bucket=names.parsers_bucket, partitions=names.token_partitions,
-                                       instance_id=instance_id, replicas=names.replicas)
+                                       instance_id=instance_id, presence_prefix=names.presence_prefix,
+                                       replicas=names.replicas)
         self._consumers: dict[int, asyncio.Task] = {}
         self._reasoning_keys = ReasoningKeys(pool)
+        # The parser acks within milliseconds of a delivery; what a dead parser had
+        # fetched comes back to the partition's next holder within the ack wait, while
+        # what waits here behind a slow commit is kept by in-progress acks.
+        self._held = InProgress()
 
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
@@ -77,10 +78,20 @@ class ParserService:
                     self._names.tokens_partition_filter(partition),
                     MAX_DELIVER,
                     max_ack_pending=10_000,
-                    ack_wait_s=TOKENS_ACK_WAIT_S,
+                    ack_wait_s=ACK_WAIT_S,
                 ),
             )
-        await self._leases.run(self._start_partition, self._stop_partition)
+        beats = asyncio.create_task(self._beat())
+        try:
+            await self._leases.run(self._start_partition, self._stop_partition)
+        finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            await self._held.beat()
 
     async def stop(self) -> None:
         """Hands every partition back at once, so another parser need not wait for expiry."""
@@ -100,7 +111,7 @@ class ParserService:
 
     async def _consume(self, partition: int) -> None:
         feed = ContinuousPull(self._nc, self._names.tokens_stream, self._names.parser_consumer(partition),
-                              batch=FETCH_BATCH)
+                              batch=FETCH_BATCH, held=self._held)
         await feed.start()
         try:
             while True:
@@ -112,12 +123,21 @@ class ParserService:
                     continue
                 try:
                     await self.process(messages)
+                except asyncio.CancelledError:
+                    # The partition goes to another holder: these go there at once, committed or not.
+                    for msg in messages:
+                        with suppress(Exception):
+                            await msg.nak()
+                    raise
                 except Exception:
                     # Postgres unreachable while loading a state, say: everything comes back.
                     log.exception("processing %d messages failed; they will be redelivered", len(messages))
                     for msg in messages:
                         with suppress(Exception):
                             await msg.nak(delay=RETRY_DELAY_S)
+                finally:
+                    for msg in messages:
+                        self._held.release(msg)
         finally:
             with suppress(Exception):
                 await feed.stop()

@@ -51,6 +51,7 @@ from steno.services.common.bus import (
     worker_registry,
 )
 from steno.services.common.continuous_pull import ContinuousPull, Credits
+from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import (
@@ -72,13 +73,6 @@ log = logging.getLogger(__name__)
 # A request that keeps failing before its end is published (bus trouble, a crash loop)
 # is given up after this many deliveries.
 MAX_DELIVER = 5
-# A request whose worker stops heartbeating goes to another worker after this: a dead
-# worker's requests go on elsewhere within it.
-WORK_ACK_WAIT_S = 2.0
-# Every request the worker holds is heartbeated (an in-progress ack) this often, by one
-# timer for all of them: four beats to an ack wait, so a worker slowed by a loaded
-# machine keeps its requests, while a dead one loses them within the ack wait.
-HEARTBEAT_S = 0.5
 # The running requests' cancel flags are also read directly this often, in case the
 # watcher missed one (cut off from NATS, say).
 CANCEL_CHECK_S = 3.0
@@ -114,12 +108,16 @@ class GenerationWorker:
                                                 dialect_files=dialect_files.digest() if dialect_files else None)
         self._concurrency = concurrency
         self._credits = Credits(concurrency)
+        # Every work message delivered here and not yet acked or handed back: a dead
+        # worker's requests go on elsewhere within the ack wait.
+        self._held = InProgress()
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
-                                    credits=self._credits)
-        self._leases = PartitionLeases(self._js, leases_bucket=names.affinity_leases_bucket,
+                                    credits=self._credits, held=self._held)
+        self._leases = PartitionLeases(nc, leases_bucket=names.affinity_leases_bucket,
                                        holders_bucket=names.affinity_holders_bucket,
                                        partitions=names.affinity_shards, instance_id=instance_id,
-                                       replicas=names.replicas, scope=model_token(model))
+                                       presence_prefix=names.presence_prefix, replicas=names.replicas,
+                                       scope=model_token(model))
         self._shard_pulls: dict[int, asyncio.Task] = {}
         self._lease_rounds: asyncio.Task | None = None
         self._heartbeats: asyncio.Task | None = None
@@ -130,8 +128,6 @@ class GenerationWorker:
         self._stopping = asyncio.Event()
         # response id -> engine request id, for the requests generating here now
         self._running: dict[str, str] = {}
-        # Every work message delivered here and not yet acked or handed back: the heartbeat's.
-        self._held: dict[int, Msg] = {}  # by id(): a Msg is not hashable
         # Levels read when scraped; the counters' children are bound once, off the token path.
         IN_FLIGHT.labels(model).set_function(lambda: len(self._tasks))
         FREE_SLOTS.labels(model).set_function(lambda: max(0, self._credits.count))
@@ -146,7 +142,7 @@ class GenerationWorker:
         await self._js.add_consumer(
             names.gen_stream,
             durable_pull_config(
-                durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=WORK_ACK_WAIT_S
+                durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=ACK_WAIT_S
             ),
         )
         await self._feed.start()
@@ -219,12 +215,12 @@ class GenerationWorker:
         """Takes the shard's requests for as long as this worker holds its lease."""
         names = self._names
         durable = names.affinity_consumer(self._model, shard)
-        feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=1, credits=self._credits)
+        feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=1, credits=self._credits, held=self._held)
         while True:
             try:
                 await self._js.add_consumer(names.gen_stream, durable_pull_config(
                     durable, names.gen_affinity_subject(self._model, shard), MAX_DELIVER, max_ack_pending=10_000,
-                    ack_wait_s=WORK_ACK_WAIT_S))
+                    ack_wait_s=ACK_WAIT_S))
                 await feed.start()
                 break
             except Exception:
@@ -253,7 +249,6 @@ class GenerationWorker:
     async def _run_one(self, msg: Msg) -> None:
         # Each request runs in a task of its own, whose log context and trace it joins.
         logs.bind(tenant=tenant_of(msg.headers), model=self._model)
-        self._held[id(msg)] = msg
         try:
             with tracer.start_as_current_span("generate", context=trace_context(msg.headers), kind=SpanKind.CONSUMER,
                                               attributes={"steno.model": self._model}):
@@ -268,7 +263,7 @@ class GenerationWorker:
             with suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
-            self._held.pop(id(msg), None)
+            self._held.release(msg)
             self._credits.release()
 
     async def _heartbeat(self) -> None:
@@ -276,13 +271,11 @@ class GenerationWorker:
         the earlier attempts' output included) to its ack: one timer for all of them
         rather than a task per request. Every few beats it reads the running requests'
         cancel flags itself."""
-        beats_per_cancel_check = round(CANCEL_CHECK_S / HEARTBEAT_S)
+        beats_per_cancel_check = round(CANCEL_CHECK_S / BEAT_S)
         beat = 0
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            for msg in list(self._held.values()):
-                with suppress(Exception):
-                    await msg.in_progress()
+            await asyncio.sleep(BEAT_S)
+            await self._held.beat()
             beat += 1
             if beat % beats_per_cancel_check == 0:
                 for response_id, engine_request_id in list(self._running.items()):

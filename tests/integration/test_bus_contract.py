@@ -38,7 +38,9 @@ class Captured:
 @pytest.fixture
 def contract_stack(settings, tmp_path):
     with separate_stack(settings, "contract", tmp_path) as stack:
+        # Two parsers: lease holders probe each other's presence.
         stack.add("parser", "parser")
+        stack.add("parser-2", "parser")
         stack.add("worker", "worker", "--sim-tokens-per-s", "2000")
         stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
         stack.add_api()

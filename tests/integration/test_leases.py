@@ -1,6 +1,7 @@
 """Partitions shared out through KV leases, against a real JetStream: fair shares within
 a scope, scopes apart, a holder that leaves handing its partitions on, one that dies
-having them taken over, and buckets of an earlier release brought to the lease TTL."""
+having them taken over as soon as NATS drops its connection, one that is merely slow
+keeping them, and buckets of an earlier release brought to the lease TTL."""
 
 import asyncio
 import secrets
@@ -12,6 +13,7 @@ import nats
 import pytest
 from nats.js.api import KeyValueConfig
 
+from steno.services.common import leases
 from steno.services.common.leases import LEASE_TTL_S, PartitionLeases
 
 pytestmark = pytest.mark.integration
@@ -20,10 +22,10 @@ PARTITIONS = 8
 
 
 class Holder:
-    def __init__(self, js, buckets: tuple[str, str], name: str, scope: str) -> None:
+    def __init__(self, nc, buckets: tuple[str, str], name: str, scope: str) -> None:
         self.held: set[int] = set()
-        self.leases = PartitionLeases(js, leases_bucket=buckets[0], holders_bucket=buckets[1], partitions=PARTITIONS,
-                                      instance_id=name, scope=scope)
+        self.leases = PartitionLeases(nc, leases_bucket=buckets[0], holders_bucket=buckets[1], partitions=PARTITIONS,
+                                      instance_id=name, presence_prefix=f"{buckets[1]}.presence", scope=scope)
         self.task = asyncio.create_task(self.leases.run(self._acquired, self._lost))
 
     async def _acquired(self, partition: int) -> None:
@@ -51,7 +53,7 @@ async def jetstream(settings):
     js = nc.jetstream()
     run = secrets.token_hex(3)
     buckets = (f"{settings.namespace}_leases_{run}", f"{settings.namespace}_holders_{run}")
-    yield js, buckets
+    yield nc, buckets
     for bucket in buckets:
         with suppress(Exception):
             await js.delete_key_value(bucket)
@@ -59,9 +61,9 @@ async def jetstream(settings):
 
 
 async def test_holders_of_a_scope_share_its_partitions_fairly_and_apart_from_another_scope(jetstream):
-    js, buckets = jetstream
-    first, second = Holder(js, buckets, "first", "model-a"), Holder(js, buckets, "second", "model-a")
-    alone = Holder(js, buckets, "alone", "model-b")
+    nc, buckets = jetstream
+    first, second = Holder(nc, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
+    alone = Holder(nc, buckets, "alone", "model-b")
     try:
         await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
         assert first.held | second.held == set(range(PARTITIONS))
@@ -76,24 +78,55 @@ async def test_holders_of_a_scope_share_its_partitions_fairly_and_apart_from_ano
             await holder.leave()
 
 
-async def test_a_holder_that_dies_has_its_partitions_taken_over_once_its_leases_lapse(jetstream):
-    js, buckets = jetstream
-    first, second = Holder(js, buckets, "first", "model-a"), Holder(js, buckets, "second", "model-a")
+async def test_a_holder_that_dies_has_its_partitions_taken_over_before_its_leases_lapse(
+        jetstream, settings, monkeypatch):
+    nc, buckets = jetstream
+    # Leases that would outlive the test: a takeover can only come from NATS noticing.
+    monkeypatch.setattr(leases, "LEASE_TTL_S", 120.0)
+    own_connection = await nats.connect(settings.nats_url)
+    first, second = Holder(own_connection, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
     try:
         await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
-        # Dies: stops renewing without releasing anything, as after SIGKILL.
+        # Dies as after SIGKILL: the connection goes, nothing is released.
+        await own_connection.close()
         first.task.cancel()
         await asyncio.gather(first.task, return_exceptions=True)
-        await settled(lambda: second.held == set(range(PARTITIONS)))
+        await settled(lambda: second.held == set(range(PARTITIONS)), timeout_s=20)
     finally:
         await second.leave()
 
 
+async def test_a_holder_too_slow_to_renew_keeps_its_partitions_while_its_connection_lives(jetstream, monkeypatch):
+    nc, buckets = jetstream
+    monkeypatch.setattr(leases, "LEASE_TTL_S", 120.0)
+    first, second = Holder(nc, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
+    try:
+        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
+        held_by_first = set(first.held)
+        stalled = asyncio.Event()
+
+        async def stall(*_: object) -> None:
+            stalled.set()
+            await asyncio.Event().wait()
+
+        first.leases._round = stall  # its rounds stop; its presence still answers
+        await stalled.wait()
+        # The other holder probes it every round, many rounds over.
+        await asyncio.sleep(20 * leases.RENEW_EVERY_S)
+        assert second.held == set(range(PARTITIONS)) - held_by_first
+        lease_bucket = await nc.jetstream().key_value(buckets[0])
+        assert {(await lease_bucket.get(f"model-a.p{p}")).value for p in held_by_first} == {b"first"}
+    finally:
+        await first.leave()
+        await second.leave()
+
+
 async def test_buckets_made_with_another_ttl_take_the_lease_ttl(jetstream):
-    js, buckets = jetstream
+    nc, buckets = jetstream
+    js = nc.jetstream()
     for bucket in buckets:  # as an earlier release made them
         await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=3 * LEASE_TTL_S, history=1))
-    holder = Holder(js, buckets, "only", "model-a")
+    holder = Holder(nc, buckets, "only", "model-a")
     try:
         await settled(lambda: holder.held == set(range(PARTITIONS)))
         assert [(await (await js.key_value(bucket)).status()).ttl for bucket in buckets] == [LEASE_TTL_S] * 2
