@@ -1,7 +1,8 @@
 """``steno bench --scenarios steady``: long streams at a steady rate, the way real
 responses arrive: N concurrent streams of ``tokens``-token responses at ``rate`` tokens/s
 each (1,000 tokens at 50 tokens/s by default: 20 s a stream), Steno and the baseline side
-by side, started over one second so that their tokens do not all fall on the same tick.
+by side, started over one second as independent clients would. The simulator, like a
+batched engine, gives every running stream its next token on one step clock.
 
 Added latency per delta: when a content delta (any ``response.*.delta`` event) reached
 the client, against when the engine emitted the batch that produced it. Steno's batches
@@ -19,7 +20,12 @@ batch after which that much content was out (text the splitter held back until a
 token goes with the batch that released it, as in the parser). This needs no token
 counting on the client and holds however batches and deltas are cut.
 
-Per level it reports added latency p50/p99/max, CPU seconds per 1,000 tokens of each
+Where Steno's added latency goes, per delta, by the same matching: from the emission to
+the batch reaching the bus (the worker), from there to the announcement of its events on
+core NATS after their commit (the parser, Postgres included), and from there to the
+client (the edge). The announcements are matched to deltas by content characters too.
+
+Per level it reports added latency p50/p99/max and its stages, CPU seconds per 1,000 tokens of each
 process, and what Steno wrote to Postgres (event and token rows, the database's growth,
 and WAL bytes, the latter for the whole server). Then, while the largest level's added
 p99 stays under the limit, it doubles the streams (Steno alone), and bisects once
@@ -68,10 +74,21 @@ Reply = tuple[str, list[tuple[float, str]]]
 
 @dataclass(frozen=True)
 class Emission:
-    """A batch of one response's tokens and when the engine emitted its last token."""
+    """A batch of one response's tokens, when the engine emitted its last token, and when
+    it reached the bus (None where there is no bus: the baseline)."""
 
     at: float
     token_ids: Sequence[int]
+    on_bus: float | None = None
+
+
+@dataclass(frozen=True)
+class Announcements:
+    """When a response's events were announced, each time with the content characters
+    announced through it."""
+
+    at: list[float]
+    marks: list[int]
 
 
 def content_marks(splitter: CompletionSplitter, emissions: Sequence[Emission]) -> list[int]:
@@ -99,6 +116,26 @@ def added_latencies_ms(emissions: Sequence[Emission], marks: Sequence[int],
         else:
             latencies.append((arrived - emissions[batch].at) * 1000)
     return latencies, unmatched
+
+
+def stage_latencies_ms(emissions: Sequence[Emission], marks: Sequence[int], announced: Announcements,
+                       deltas: Sequence[tuple[float, str]]) -> dict[str, list[float]]:
+    """Each matched delta's time from emission to the bus (worker), from the bus to the
+    announcement that carried it (parser) and from there to the client (edge)."""
+    stages: dict[str, list[float]] = {"worker": [], "parser": [], "edge": []}
+    seen = 0
+    for arrived, text in deltas:
+        seen += len(text)
+        batch, announcement = bisect.bisect_left(marks, seen), bisect.bisect_left(announced.marks, seen)
+        if batch == len(marks) or announcement == len(announced.marks):
+            continue
+        on_bus, announced_at = emissions[batch].on_bus, announced.at[announcement]
+        if on_bus is None:
+            continue
+        stages["worker"].append((on_bus - emissions[batch].at) * 1000)
+        stages["parser"].append((announced_at - on_bus) * 1000)
+        stages["edge"].append((arrived - announced_at) * 1000)
+    return stages
 
 
 def summary_ms(values: Sequence[float]) -> dict[str, float]:
@@ -171,10 +208,31 @@ class BatchFollower:
             stamped += message.get("emitted_at") is not None
             at = message.get("emitted_at") or observed_at
             key = (message["attempt"], message["batch_no"])
-            by_response.setdefault(message["response_id"], {}).setdefault(key, Emission(at, message["token_ids"]))
+            by_response.setdefault(message["response_id"], {}).setdefault(
+                key, Emission(at, message["token_ids"], on_bus=observed_at))
         self.received = []
         ordered = {rid: [numbered[key] for key in sorted(numbered)] for rid, numbered in by_response.items()}
         return ordered, batches, stamped
+
+
+class AnnouncementFollower(BatchFollower):
+    """Every announcement of committed events in the namespace, with when it came."""
+
+    def take_announcements(self) -> dict[str, Announcements]:
+        by_response: dict[str, Announcements] = {}
+        for observed_at, data in self.received:
+            message = orjson.loads(data)
+            content = 0
+            for event in message["events"]:
+                if event["type"].endswith(".delta"):
+                    delta = orjson.loads(event["payload"]).get("delta")
+                    content += len(delta) if isinstance(delta, str) else 0
+            if content:
+                announced = by_response.setdefault(message["response_id"], Announcements([], []))
+                announced.at.append(observed_at)
+                announced.marks.append((announced.marks[-1] if announced.marks else 0) + content)
+        self.received = []
+        return by_response
 
 
 async def _streams(url: str, level: int, timeout_s: float) -> tuple[list[Reply], dict[str, int], float]:
@@ -210,9 +268,11 @@ async def _streams(url: str, level: int, timeout_s: float) -> tuple[list[Reply],
 
 
 def _side_result(replies: list[Reply], emissions: dict[str, list[Emission]],
-                 errors: dict[str, int], slowest_s: float, cpu: dict[str, float]) -> dict[str, Any]:
+                 errors: dict[str, int], slowest_s: float, cpu: dict[str, float],
+                 announcements: dict[str, Announcements] | None = None) -> dict[str, Any]:
     dialect = dialect_named(DEFAULT_DIALECT)
     latencies: list[float] = []
+    stages: dict[str, list[float]] = {}
     unmatched = deltas = 0
     for response_id, response_deltas in replies:
         batches = emissions.get(response_id, [])
@@ -221,10 +281,15 @@ def _side_result(replies: list[Reply], emissions: dict[str, list[Emission]],
         latencies += measured
         unmatched += missed
         deltas += len(response_deltas)
+        if announcements is not None:
+            announced = announcements.get(response_id, Announcements([], []))
+            for stage, values in stage_latencies_ms(batches, marks, announced, response_deltas).items():
+                stages.setdefault(stage, []).extend(values)
     tokens = sum(len(e.token_ids) for batches in emissions.values() for e in batches)
     return {"streams": len(replies), "errors": errors, "deltas": deltas, "unmatched_deltas": unmatched,
             "tokens": tokens, "slowest_stream_s": round(slowest_s, 2),
             "added_ms": summary_ms(latencies),
+            **({"stages_ms": {stage: summary_ms(values) for stage, values in stages.items()}} if stages else {}),
             "cpu_s_per_1k_tokens": {name: round(used * 1000 / max(tokens, 1), 4)
                                     for name, used in cpu.items() if used > 0}}
 
@@ -234,8 +299,8 @@ async def _postgres_writes(conn: asyncpg.Connection) -> list[Any]:
     return list(await conn.fetchrow(WRITES) or ())
 
 
-async def _steno_level(bench: Bench, follower: BatchFollower, conn: asyncpg.Connection, level: int,
-                       timeout_s: float) -> dict[str, Any]:
+async def _steno_level(bench: Bench, follower: BatchFollower, announcements: AnnouncementFollower,
+                       conn: asyncpg.Connection, level: int, timeout_s: float) -> dict[str, Any]:
     # The stack's other workers serve other scenarios' models and idle here.
     pids = {name: pid for name, pid in bench.pids().items()
             if name == "worker-steady" or not name.startswith(("worker", "baseline"))}
@@ -252,7 +317,8 @@ async def _steno_level(bench: Bench, follower: BatchFollower, conn: asyncpg.Conn
     cpu_after, writes_after = cpu(), await _postgres_writes(conn)
     emissions, batches, stamped = follower.take()
     result = _side_result(replies, emissions, errors, slowest,
-                          {name: cpu_after[name] - cpu_before[name] for name in cpu_before})
+                          {name: cpu_after[name] - cpu_before[name] for name in cpu_before},
+                          announcements.take_announcements())
     wal = await conn.fetchval("SELECT pg_wal_lsn_diff($1, $2)", writes_after[3], writes_before[3])
     per_1k = 1000 / max(result["tokens"], 1)
     result["batches"] = batches
@@ -281,7 +347,9 @@ def _line(name: str, level: int, side: dict[str, Any]) -> str:
             f"max {added['max']:.1f} ms | {side['deltas']} deltas ({side['unmatched_deltas']} unmatched), "
             f"{side['tokens']} tokens, {side['streams']} completed, failed {side['errors']}, "
             f"slowest stream {side['slowest_stream_s']} s | "
-            f"CPU s per 1k tokens {side['cpu_s_per_1k_tokens']}")
+            f"CPU s per 1k tokens {side['cpu_s_per_1k_tokens']}"
+            + "".join(f" | {stage} p50 {times['p50']:.1f} ms p99 {times['p99']:.1f} ms"
+                      for stage, times in side.get("stages_ms", {}).items()))
 
 
 async def steady(bench: Bench, levels: list[int], tokens: int, rate: float, limit_ms: float,
@@ -291,12 +359,13 @@ async def steady(bench: Bench, levels: list[int], tokens: int, rate: float, limi
     port = free_port()
     baseline = await bench.start_baseline("baseline-steady", port, "--sim-tokens-per-s", str(rate),
                                           "--sim-answer-tokens", str(tokens), "--record-emissions")
-    follower = BatchFollower()
+    follower, announcements = BatchFollower(), AnnouncementFollower()
     nc = await connect(bench.settings, "steno-bench-steady")
     conn = await asyncpg.connect(bench.database_url)
     out: dict[str, Any] = {"tokens": tokens, "tokens_per_s": rate, "limit_ms": limit_ms, "levels": {}}
     try:
         await nc.subscribe(f"{bench.settings.namespace}.tokens.>", cb=follower.on_message)
+        await nc.subscribe(f"{bench.settings.namespace}.events.>", cb=announcements.on_message)
         await asyncio.sleep(5)  # the worker has registered its model
         baseline_url = f"http://127.0.0.1:{port}"
         # A stream far behind its rate has failed to keep it; the level still ends.
@@ -304,7 +373,8 @@ async def steady(bench: Bench, levels: list[int], tokens: int, rate: float, limi
         pending = list(levels)
         while pending:
             level = pending.pop(0)
-            row: dict[str, Any] = {"steno": await _steno_level(bench, follower, conn, level, timeout_s)}
+            row: dict[str, Any] = {"steno": await _steno_level(bench, follower, announcements, conn, level,
+                                                               timeout_s)}
             print(_line("steno", level, row["steno"]), flush=True)
             if level in levels:  # the search's levels measure Steno alone
                 row["baseline"] = await _baseline_level(baseline_url, baseline.pid, level, timeout_s)

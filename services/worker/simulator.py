@@ -20,6 +20,7 @@ it is for running the pipeline where there is no GPU, and for load."""
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 import zlib
@@ -41,10 +42,36 @@ from steno.services.worker.prefix_cache import PrefixCache
 @dataclass(frozen=True)
 class SimulatorTiming:
     first_token_delay_s: float = 0.0
-    # 0 means as fast as the event loop allows.
+    # 0 means as fast as the event loop allows. Otherwise, like a batched engine, every
+    # running request's tokens come out on one step clock (``StepClock``).
     tokens_per_s: float = 0.0
     # Tokens per output when running flat out.
     chunk_tokens: int = 16
+
+
+class StepClock:
+    """The engine's steps, every ``step_s`` (on the monotonic clock): a request's next
+    token waits for the first step at or after its own time, and every request due at
+    a step is woken by that step's one timer, together, as a batched engine's step
+    yields a token for each running request."""
+
+    def __init__(self, step_s: float) -> None:
+        self._step_s = step_s
+        self._steps: dict[int, asyncio.Event] = {}
+
+    async def until(self, when: float) -> None:
+        step = math.ceil(when / self._step_s)
+        delay = step * self._step_s - time.monotonic()
+        if delay <= 0:
+            return
+        reached = self._steps.get(step)
+        if reached is None:
+            reached = self._steps[step] = asyncio.Event()
+            asyncio.get_running_loop().call_later(delay, self._reach, step)
+        await reached.wait()
+
+    def _reach(self, step: int) -> None:
+        self._steps.pop(step).set()
 
 
 _DIRECTIVE = re.compile(r"(?:^|\n)steno-simulator: call ([\w.-]+)[ \n]?(.*)\Z", re.S)
@@ -159,6 +186,7 @@ class SimulatorEngine:
         """``answer_tokens``: plain answers are padded to completions of this many tokens."""
         self._dialect = dialect
         self._timing = timing
+        self._steps = StepClock(1 / timing.tokens_per_s) if timing.tokens_per_s > 0 else None
         self._answer_tokens = answer_tokens
         self.context_tokens = context_tokens
         self._aborted: set[str] = set()
@@ -197,10 +225,8 @@ class SimulatorEngine:
                 if request_id in self._aborted:
                     yield EngineOutput([], finish_reason="cancelled", cached_tokens=cached_tokens)
                     return
-                if timing.tokens_per_s > 0:
-                    delay = started + offset / timing.tokens_per_s - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                if self._steps is not None:
+                    await self._steps.until(started + offset / timing.tokens_per_s)
                 else:
                     await asyncio.sleep(0)
                 chunk = tokens[offset: offset + step]

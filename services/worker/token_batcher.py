@@ -38,6 +38,11 @@ _INTERVAL_ELAPSED = object()
 # analysis message) and the first words. An engine emitting one token per step costs at
 # most this many extra messages per response.
 EAGER_TOKENS = 32
+# A stream quiet for this share of the interval since its last batch sends its next
+# token at once: one whose tokens come about once an interval (an engine stepping at
+# about that rate) would otherwise wait out the interval's last moments, a step's jitter
+# deciding, for no fewer messages.
+QUIET_SHARE = 0.75
 
 
 async def coalesce(
@@ -53,7 +58,8 @@ async def coalesce(
     last batch, which goes out with the attempt's end. Until ``eager_tokens`` tokens are
     out every output goes at once (time to first content is what users feel); after
     that a batch goes ``interval_s`` after the previous one, or at once when the stream
-    was quieter than that, so a stream costs at most one message per interval. After
+    was quiet for most of that (``QUIET_SHARE``), so a stream costs at most about one
+    message per interval. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event."""
     queue: asyncio.Queue[tuple[EngineOutput, float] | None] = asyncio.Queue()
@@ -79,7 +85,10 @@ async def coalesce(
             timeout = None if wake is None else max(0.0, wake - time.monotonic())
             received: tuple[EngineOutput, float] | object | None
             try:
-                received = await asyncio.wait_for(queue.get(), timeout)
+                # Cheaper than wait_for (no task per output); an output that comes as the
+                # wait ends stays queued for the next one.
+                async with asyncio.timeout(timeout):
+                    received = await queue.get()
             except TimeoutError:
                 received = _INTERVAL_ELAPSED
                 if deadline is None:
@@ -101,7 +110,7 @@ async def coalesce(
                 if deadline is None and pending.token_ids:
                     deadline = last_flush + interval_s
             due = (received is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens
-                   or flushed_tokens < eager_tokens or time.monotonic() >= last_flush + interval_s)
+                   or flushed_tokens < eager_tokens or time.monotonic() >= last_flush + QUIET_SHARE * interval_s)
             if pending.token_ids and due:
                 flushed_tokens += len(pending.token_ids)
                 await flush(pending)

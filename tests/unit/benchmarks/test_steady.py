@@ -4,6 +4,8 @@ import orjson
 import pytest
 
 from steno.benchmarks.steady import (
+    AnnouncementFollower,
+    Announcements,
     BatchFollower,
     Emission,
     added_latencies_ms,
@@ -11,6 +13,7 @@ from steno.benchmarks.steady import (
     delta_frames,
     largest_held,
     next_level,
+    stage_latencies_ms,
     summary_ms,
 )
 from steno.schemas.api import CreateResponseRequest
@@ -108,6 +111,26 @@ def test_the_follower_orders_batches_and_prefers_the_workers_emission_time():
                          (12.0, orjson.dumps({**batch, "batch_no": 1, "emitted_at": 9.5})),  # redelivered
                          (13.0, orjson.dumps({**batch, "batch_no": 2, "token_ids": []}))]  # a keepalive
     by_response, batches, stamped = follower.take()
-    assert by_response == {"r": [Emission(11.0, [5]), Emission(9.5, [5])]}
+    assert by_response == {"r": [Emission(11.0, [5], on_bus=11.0), Emission(9.5, [5], on_bus=10.0)]}
     assert (batches, stamped) == (3, 2)
     assert follower.received == []
+
+
+def test_announcements_give_when_content_was_announced():
+    def announcement(*deltas: str) -> bytes:
+        events = [{"seq": i, "type": "response.output_text.delta", "payload": orjson.dumps({"delta": d}).decode()}
+                  for i, d in enumerate(deltas)]
+        return orjson.dumps({"v": 1, "response_id": "r", "events": events})
+
+    follower = AnnouncementFollower()
+    follower.received = [(5.0, announcement("ab", "c")), (6.0, orjson.dumps({"v": 1, "response_id": "r", "events": [
+        {"seq": 3, "type": "response.output_item.added", "payload": "{}"}]})), (7.0, announcement("de"))]
+    assert follower.take_announcements() == {"r": Announcements([5.0, 7.0], [3, 5])}
+
+
+def test_each_delta_is_split_into_worker_parser_and_edge_stages():
+    emissions = [Emission(1.0, [1], on_bus=1.002), Emission(2.0, [2], on_bus=2.004)]
+    announced = Announcements([1.010, 2.020], [3, 5])
+    stages = stage_latencies_ms(emissions, [3, 5], announced, [(1.015, "abc"), (2.050, "de"), (3.0, "beyond")])
+    assert {stage: [round(v, 3) for v in values] for stage, values in stages.items()} == {
+        "worker": [2.0, 4.0], "parser": [8.0, 16.0], "edge": [5.0, 30.0]}

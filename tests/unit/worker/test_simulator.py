@@ -85,6 +85,39 @@ def test_token_rate_is_respected():
     assert elapsed >= 0.05 + (count - 1) / 400 * 0.9
 
 
+def test_requests_started_apart_get_their_tokens_on_the_same_steps():
+    """As from a batched engine: one step yields a token for every running request."""
+    engine = SimulatorEngine(harmony(), SimulatorTiming(tokens_per_s=100))
+
+    async def steps_of(request_id: str, start_after_s: float) -> list[int]:
+        await asyncio.sleep(start_after_s)
+        ticks = []
+        async for _ in engine.generate(request_id, prompt("hi"), SamplingParams()):
+            ticks.append(ticks_so_far[0])
+        return ticks
+
+    ticks_so_far = [0]
+
+    async def count_loop_iterations() -> None:
+        while True:
+            ticks_so_far[0] += 1
+            await asyncio.sleep(0)
+
+    async def both():
+        counter = asyncio.create_task(count_loop_iterations())
+        try:
+            return await asyncio.gather(steps_of("a", 0), steps_of("b", 0.013))
+        finally:
+            counter.cancel()
+
+    first, second = asyncio.run(both())
+    # Once both run, each of the second's tokens comes in the loop iteration of one of the
+    # first's (the counter may run between the two); 3 ms apart would be hundreds.
+    while_both_ran = [tick for tick in second if tick <= first[-1]]
+    assert len(while_both_ran) > 5
+    assert all(any(abs(tick - other) <= 1 for other in first) for tick in while_both_ran)
+
+
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "number"}},
                           "required": ["city"]}}

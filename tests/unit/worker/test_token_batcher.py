@@ -75,6 +75,25 @@ def test_interval_flushes_slow_streams():
     assert flushed == [[0], [1], [2]]
 
 
+def test_a_stream_quiet_for_most_of_an_interval_sends_its_token_at_once():
+    """A token 0.8 interval after the last batch goes at once, alone; one right behind it
+    waits its interval (held to the full interval, the two would have gone together)."""
+    timeline = [(0.0, EngineOutput([0])), (0.16, EngineOutput([1])), (0.02, EngineOutput([2])),
+                (0.3, EngineOutput([], finish_reason="stop"))]
+    flushed: list[list[int]] = []
+
+    async def source():
+        for delay, output in timeline:
+            await asyncio.sleep(delay)
+            yield output
+
+    async def flush(batch):
+        flushed.append(list(batch.token_ids))
+
+    asyncio.run(coalesce(source(), flush, 0.2, 100, eager_tokens=1))
+    assert flushed == [[0], [1], [2]]
+
+
 def test_engine_error_propagates_after_flushing():
     with pytest.raises(EngineError):
         run([EngineOutput([1, 2])], interval_s=10, max_tokens=100, fail=True)
