@@ -28,6 +28,7 @@ TENANT_HEADER = "Steno-Tenant"
 TRACEPARENT = "traceparent"
 _propagator = TraceContextTextMapPropagator()
 Chunk = TypeVar("Chunk")
+_exporting = False
 
 
 def configure_tracing(service: str, settings: Settings) -> None:
@@ -44,6 +45,14 @@ def configure_tracing(service: str, settings: Settings) -> None:
     exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces")
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    global _exporting
+    _exporting = True
+
+
+def exporting() -> bool:
+    """Whether this process's spans go anywhere: a span made only to be dropped can be
+    skipped on a hot path (the trace context still travels in the headers)."""
+    return _exporting
 
 
 def message_headers(msg_id: str) -> dict[str, str]:

@@ -30,7 +30,7 @@ from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import PARSED_EVENTS
 from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
-from steno.services.common.tracing import tenant_of, trace_context, tracer
+from steno.services.common.tracing import exporting, tenant_of, trace_context, tracer
 from steno.services.parser.announcements import announcements
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import OutOfOrder, ResponseState
@@ -366,8 +366,10 @@ def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:
 def _trace_commit(write: ResponseWrite, headers: dict[str, str] | None, fetched_ns: int) -> None:
     """A span for what one commit wrote of a response, from the fetch, in the trace its
     batches carry (one per commit, not per batch); the commit of its end logs that it
-    finished."""
+    finished. Without an exporter only the end is worth the span and log context."""
     final = write.final_snapshot
+    if final is None and not exporting():
+        return
     with (tracer.start_as_current_span("parse", context=trace_context(headers), start_time=fetched_ns,
                                        attributes={"steno.response_id": write.response_id,
                                                    "steno.events": len(write.events)}),
