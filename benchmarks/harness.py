@@ -56,7 +56,7 @@ from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
-from steno.services.api.retention import RetentionSweeper
+from steno.services.api.retention import COMPACT_BATCH, RetentionSweeper
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import ApiSettings
@@ -482,18 +482,32 @@ class Bench:
         write.final_snapshot = state.final_snapshot
         await EventLog(pool).commit([write])
         count = await pool.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", rid)
-        await pool.close()
-        times, received = [], 0
-        async with httpx.AsyncClient(timeout=60) as http:
-            for _ in range(6):
-                started = time.perf_counter()
-                async with http.stream("GET", f"{self.steno_url}/{rid}", params={"stream": "true"}) as reply:
-                    received = len([line async for line in reply.aiter_lines() if line.startswith("data: ")])
-                times.append((time.perf_counter() - started) * 1000)
-        result = {"events": count, "received": received, "replay_ms_p50": pct(times[1:], .5),
-                  "replay_ms_max": max(times[1:])}
+
+        async def replayed() -> tuple[list[float], int]:
+            times, received = [], 0
+            async with httpx.AsyncClient(timeout=60) as http:
+                for _ in range(6):
+                    started = time.perf_counter()
+                    async with http.stream("GET", f"{self.steno_url}/{rid}", params={"stream": "true"}) as reply:
+                        received = len([line async for line in reply.aiter_lines() if line.startswith("data: ")])
+                    times.append((time.perf_counter() - started) * 1000)
+            return times[1:], received
+
+        try:
+            times, received = await replayed()
+            # The same response once the sweep has compacted it (everything ended is, here).
+            while await ResponseStore(pool).compact_ended(COMPACT_BATCH, 0) == COMPACT_BATCH:
+                pass
+            compacted_times, compacted_received = await replayed()
+        finally:
+            await pool.close()
+        result = {"events": count, "received": received, "replay_ms_p50": pct(times, .5),
+                  "replay_ms_max": max(times), "received_compacted": compacted_received,
+                  "replay_ms_p50_compacted": pct(compacted_times, .5), "replay_ms_max_compacted": max(compacted_times)}
         print(f"replay: {received}/{count} events in {result['replay_ms_p50']:.0f} ms (p50 of 5, max "
-              f"{result['replay_ms_max']:.0f} ms)", flush=True)
+              f"{result['replay_ms_max']:.0f} ms); compacted: {compacted_received} in "
+              f"{result['replay_ms_p50_compacted']:.0f} ms (max {result['replay_ms_max_compacted']:.0f} ms)",
+              flush=True)
         return result
 
     async def cancel(self, count: int) -> dict[str, Any]:
@@ -600,19 +614,33 @@ class Bench:
         return result
 
     async def storage(self) -> dict[str, Any]:
+        """Bytes per event as the events of running and just-ended responses are kept (a
+        row each), then as they are kept for good: everything ended is compacted here at
+        once, as the sweep does a minute after a response ends, and the chunks' table is
+        measured (the rows' table keeps its freed space for the rows to come)."""
         conn = await asyncpg.connect(self.database_url)
+        pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=1)
         try:
             events = await conn.fetchval("SELECT count(*) FROM response_events")
             event_bytes = await conn.fetchval("SELECT pg_total_relation_size('response_events')")
             tokens = await conn.fetchval("SELECT coalesce(sum(cardinality(token_ids)), 0) FROM response_tokens")
             token_bytes = await conn.fetchval("SELECT pg_total_relation_size('response_tokens')")
             payload = await conn.fetchval("SELECT avg(octet_length(payload)) FROM response_events")
+            store = ResponseStore(pool)
+            while await store.compact_ended(COMPACT_BATCH, 0) == COMPACT_BATCH:
+                pass
+            compacted = await conn.fetchval("SELECT coalesce(sum(cardinality(types)), 0) FROM response_event_chunks")
+            chunk_bytes = await conn.fetchval("SELECT pg_total_relation_size('response_event_chunks')")
         finally:
+            await pool.close()
             await conn.close()
         result = {"events": events, "bytes_per_event": event_bytes / max(events, 1),
                   "avg_payload_bytes": float(payload or 0), "tokens": tokens,
-                  "bytes_per_token": token_bytes / max(tokens, 1)}
-        print(f"storage: {result['bytes_per_event']:.0f} bytes per event (payload {result['avg_payload_bytes']:.0f}), "
+                  "bytes_per_token": token_bytes / max(tokens, 1), "events_compacted": compacted,
+                  "bytes_per_event_compacted": chunk_bytes / max(compacted, 1)}
+        print(f"storage: {result['bytes_per_event']:.0f} bytes per event as rows, "
+              f"{result['bytes_per_event_compacted']:.0f} compacted ({compacted} events) "
+              f"(payload {result['avg_payload_bytes']:.0f}), "
               f"{result['bytes_per_token']:.1f} bytes per token (raw batches)", flush=True)
         return result
 

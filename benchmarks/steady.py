@@ -64,7 +64,7 @@ STREAM_TIMEOUT_FACTOR = 4
 # A bisection step stops when the gap between the level under and the level over is
 # smaller than this share of the level under.
 SEARCH_RESOLUTION = 0.25
-WRITES = """SELECT (SELECT count(*) FROM response_events), (SELECT count(*) FROM response_tokens),
+WRITES = """SELECT (SELECT count(*) FROM response_log), (SELECT count(*) FROM response_tokens),
                    pg_database_size(current_database()), pg_current_wal_lsn()"""
 
 

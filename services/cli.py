@@ -105,7 +105,8 @@ def _retention(args: argparse.Namespace) -> None:
                 print(f"{named}: no policy of its own any more")
             elif args.action == "sweep":
                 swept = await retention.RetentionSweeper(pool, ResponseStore(pool)).sweep()
-                print(f"deleted {swept.conversations} expired conversations and {swept.responses} expired responses")
+                print(f"deleted {swept.conversations} expired conversations and {swept.responses} expired responses;"
+                      f" compacted the events of {swept.compacted} ended responses")
             else:
                 for policy_tenant, days in await retention.list_policies(pool):
                     print(f"{'default' if policy_tenant == retention.DEFAULT_POLICY else policy_tenant}  {days} days")

@@ -145,7 +145,7 @@ class ResponseStore:
             )
             if updated and events:
                 # Chained to the API's own last event, as the parser would chain them.
-                previous = await conn.fetchval("SELECT hash FROM response_events WHERE response_id = $1 AND seq = $2",
+                previous = await conn.fetchval("SELECT hash FROM response_log WHERE response_id = $1 AND seq = $2",
                                                response_id, events[0].seq - 1)
                 hashes = chain_hashes(previous, (e.payload for e in events)) if previous is not None \
                     else [None] * len(events)
@@ -172,7 +172,7 @@ class ResponseStore:
 
     async def last_seq(self, response_id: str) -> int:
         return await self._pool.fetchval(
-            "SELECT coalesce(max(seq), -1) FROM response_events WHERE response_id = $1", response_id
+            "SELECT coalesce(max(seq), -1) FROM response_log WHERE response_id = $1", response_id
         )
 
     async def conversation_before(self, response_id: str, tenant_id: str) -> list[StoredResponse]:
@@ -269,19 +269,51 @@ class ResponseStore:
 
     async def _delete_with_events(self, delete_responses: str, *args: Any) -> list[str]:
         """Tokens and input items go with their rows (foreign keys); events have none
-        (migration 0004) and are deleted by the next statement, whose snapshot includes
-        what a parser that held a row committed before the row could be deleted."""
+        (migrations 0004 and 0012) and are deleted by the next statements, whose
+        snapshots include what a parser that held a row committed before the row could
+        be deleted."""
         async with self._pool.acquire() as conn, conn.transaction():
             gone = [row[0] for row in await conn.fetch(delete_responses, *args)]
             if gone:
                 await conn.execute("DELETE FROM response_events WHERE response_id = ANY($1::text[])", gone)
+                await conn.execute("DELETE FROM response_event_chunks WHERE response_id = ANY($1::text[])", gone)
         return gone
+
+    async def compact_ended(self, limit: int, ended_for_s: float) -> int:
+        """Moves the events of up to ``limit`` responses that ended more than
+        ``ended_for_s`` ago from their rows into chunk rows (migration 0012), oldest end
+        first, in one transaction; returns how many responses it took. Rows another
+        replica's sweeper holds are left to it."""
+        return len(await self._pool.fetch(_COMPACT, limit, ended_for_s))
 
 
 _EXPIRED = """
 DELETE FROM responses WHERE id IN (
     SELECT id FROM responses WHERE expires_at < now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
 RETURNING id
+"""
+
+# Each contiguous run of a response's seqs is one chunk (the events of a response are
+# contiguous; a run that is not would be kept apart, never renumbered).
+_COMPACT = """
+WITH ended AS (
+    UPDATE responses SET events_compacted = true
+    WHERE id IN (SELECT id FROM responses
+                 WHERE completed_at < now() - make_interval(secs => $2) AND NOT events_compacted
+                 ORDER BY completed_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), moved AS (
+    DELETE FROM response_events AS e USING ended WHERE e.response_id = ended.id
+    RETURNING e.response_id, e.seq, e.type, e.payload, e.hash, e.created_at
+), runs AS (
+    SELECT *, seq - row_number() OVER (PARTITION BY response_id ORDER BY seq) AS run FROM moved
+), chunks AS (
+    INSERT INTO response_event_chunks (response_id, first_seq, types, payloads, hashes, created_ats)
+    SELECT response_id, min(seq), array_agg(type ORDER BY seq), array_agg(payload ORDER BY seq),
+           array_agg(hash ORDER BY seq), array_agg(created_at ORDER BY seq)
+    FROM runs GROUP BY response_id, run
+)
+SELECT id FROM ended
 """
 
 _POSITION = """
@@ -313,12 +345,12 @@ INSERT INTO response_events (response_id, seq, type, payload, hash)
 SELECT * FROM unnest($18::text[], $19::int[], $20::text[], $21::text[], $22::bytea[])
 """
 
-_LAST_EVENT = "SELECT response_id, seq, hash FROM response_events WHERE response_id = $1 ORDER BY seq DESC LIMIT 1"
+_LAST_EVENT = "SELECT response_id, seq, hash FROM response_log WHERE response_id = $1 ORDER BY seq DESC LIMIT 1"
 
 # Its latest response other than the one being made (conversation_store.py appends a
 # response's entries after it is stored).
 _LAST_EVENT_OF_CONVERSATION = """
-SELECT e.response_id, e.seq, e.hash FROM response_events AS e
+SELECT e.response_id, e.seq, e.hash FROM response_log AS e
 WHERE e.response_id = (SELECT c.response_id FROM conversation_entries AS c
                        WHERE c.conversation_id = $1 AND c.kind = 'response_output' AND c.response_id <> $2
                        ORDER BY c.position DESC LIMIT 1)

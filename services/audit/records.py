@@ -90,10 +90,10 @@ SELECT id, tenant_id, model, status, store, created_at, previous_response_id, co
        base_snapshot::text, snapshot::text, chained_to_response_id, chained_to_seq, chained_to_hash
 FROM responses WHERE id = $1 AND ($2::text IS NULL OR (tenant_id = $2 AND store))
 """
-_EVENTS = "SELECT seq, type, payload, hash, created_at FROM response_events WHERE response_id = $1 ORDER BY seq"
+_EVENTS = "SELECT seq, type, payload, hash, created_at FROM response_log WHERE response_id = $1 ORDER BY seq"
 _LINK = """
 SELECT r.conversation_id, e.seq IS NOT NULL, e.hash
-FROM responses AS r LEFT JOIN response_events AS e ON e.response_id = r.id AND e.seq = $2
+FROM responses AS r LEFT JOIN response_log AS e ON e.response_id = r.id AND e.seq = $2
 WHERE r.id = $1
 """
 
@@ -203,7 +203,7 @@ class AuditRecords:
             if row[5] is not None:
                 outputs[row[0]] = list(orjson.loads(row[5]).get("output", []))
                 continue
-            events = await self._pool.fetch("SELECT payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+            events = await self._pool.fetch("SELECT payload FROM response_log WHERE response_id = $1 ORDER BY seq",
                                             row[0])
             folded = fold(orjson.loads(event[0]) for event in events)
             outputs[row[0]] = list((folded or {}).get("output", []))

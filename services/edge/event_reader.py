@@ -1,4 +1,4 @@
-"""Reads a response's stored events from Postgres."""
+"""Reads a response's stored events from Postgres (``response_log``: rows and compacted chunks alike)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class EventReader:
 
     async def read_after(self, response_id: str, after: int) -> list[LoggedEvent]:
         rows = await self._pool.fetch(
-            "SELECT seq, type, payload FROM response_events WHERE response_id = $1 AND seq > $2 ORDER BY seq",
+            "SELECT seq, type, payload FROM response_log WHERE response_id = $1 AND seq > $2 ORDER BY seq",
             response_id,
             after,
         )
@@ -22,6 +22,6 @@ class EventReader:
     async def ended_by(self, response_id: str, cursor: int) -> bool:
         """Whether the response's log ended at or before ``cursor``."""
         ended: bool = await self._pool.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM response_events WHERE response_id = $1 AND seq <= $2"
+            "SELECT EXISTS (SELECT 1 FROM response_log WHERE response_id = $1 AND seq <= $2"
             " AND type = ANY($3::text[]))", response_id, cursor, list(TERMINAL_EVENT_TYPES))
         return ended

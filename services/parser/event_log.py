@@ -134,7 +134,7 @@ SELECT r.id, r.status, r.base_snapshot::text, r.parse_context::text,
        coalesce((SELECT json_agg(json_build_array(t.attempt, t.batch_no, t.token_ids, t.logprobs, t.ended)
                                  ORDER BY t.attempt, t.batch_no)
                  FROM response_tokens AS t WHERE t.response_id = r.id), '[]')::text,
-       (SELECT e.hash FROM response_events AS e WHERE e.response_id = r.id AND e.seq = 0)
+       (SELECT e.hash FROM response_log AS e WHERE e.response_id = r.id AND e.seq = 0)
 FROM responses AS r WHERE r.id = ANY($1::text[])
 """
 

@@ -289,7 +289,7 @@ async def check(stack: Stack, records: list[StreamRecord], expected: str | dict[
             if status == "completed" and not (deltas == final_text == stored_text == record.expected_text):
                 result.mismatches.append(f"{record.response_id}: deltas/final/stored/expected text differ")
             rows = await conn.fetch(
-                "SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
+                "SELECT seq, type, payload FROM response_log WHERE response_id = $1 ORDER BY seq",
                                     record.response_id)
             if [tuple(r) for r in rows] != record.events:
                 result.mismatches.append(f"{record.response_id}: the stored log differs from what the client saw")

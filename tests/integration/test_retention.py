@@ -47,6 +47,7 @@ async def leftovers(db, response_id: str) -> dict[str, int]:
     """Rows anywhere that still belong to the response."""
     counts = {}
     for table, column in (("responses", "id"), ("response_events", "response_id"),
+                          ("response_event_chunks", "response_id"),
                           ("response_tokens", "response_id"), ("response_input_items", "response_id"),
                           ("response_output_items", "response_id")):
         counts[table] = await db.fetchval(f"SELECT count(*) FROM {table} WHERE {column} = $1", response_id)
