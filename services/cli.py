@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     audit = commands.add_parser("audit", help="verify, replay and transcribe stored responses and conversations")
     audit_command.add_arguments(audit)
     args = parser.parse_args(argv)
+    import asyncpg
     from pydantic import ValidationError
 
     from steno.services.common.config import describe_invalid
@@ -203,6 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         for line in describe_invalid(exc):
             print(f"steno {args.command}: {line}", file=sys.stderr)
+        sys.exit(2)
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+        # A database never migrated, or migrated by an older release.
+        print(f"steno {args.command}: the database is not at this release's schema ({exc}); run `steno migrate`",
+              file=sys.stderr)
         sys.exit(2)
 
 

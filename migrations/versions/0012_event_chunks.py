@@ -13,6 +13,8 @@ byte-identical.
   reader of events reads it.
 - ``responses.events_compacted``: whether the sweeper has moved the response's events;
   the partial index finds the ended responses still to move without a scan.
+- ``responses_expires_at`` (0002) goes: ``responses_expiry`` (0010) is the same index,
+  and every response stored paid for both.
 
 Revision ID: 0012
 Revises: 0011
@@ -53,9 +55,12 @@ def upgrade() -> None:
                                          server_default=sa.false()))
     op.create_index("responses_to_compact", "responses", ["completed_at"],
                     postgresql_where=sa.text("completed_at IS NOT NULL AND NOT events_compacted"))
+    op.drop_index("responses_expires_at", table_name="responses")
 
 
 def downgrade() -> None:
+    op.create_index("responses_expires_at", "responses", ["expires_at"],
+                    postgresql_where=sa.text("expires_at IS NOT NULL"))
     op.execute("INSERT INTO response_events (response_id, seq, type, payload, hash, created_at)"
                " SELECT response_id, seq, type, payload, hash, created_at FROM response_log AS l"
                " WHERE EXISTS (SELECT 1 FROM response_event_chunks AS c WHERE c.response_id = l.response_id)"
