@@ -93,8 +93,14 @@ def test_metrics_follow_a_scripted_request_mix(settings: ApiSettings, tmp_path: 
                    lambda: value(scrape(worker), "steno_generations_total", model=MODEL) == 5)
         wait_until("the slow worker counted the cancelled generation",
                    lambda: value(scrape(slow), "steno_generations_total", model=SLOW) == 1)
-        wait_until("the queue gauges cover the model", lambda: has(
-            scrape(api), "steno_consumer_pending_messages", stream="gen", model=MODEL))
+
+        def queue_gauges_complete() -> bool:
+            # Refreshed every few seconds: one refresh may predate the parser's consumers.
+            gauges = scrape(api)
+            return (has(gauges, "steno_consumer_pending_messages", stream="gen", model=MODEL)
+                    and has(gauges, "steno_consumer_pending_messages", stream="tokens", partition="0"))
+
+        wait_until("the queue gauges cover the model and the token partitions", queue_gauges_complete)
 
         at_api, at_worker, at_slow, at_parser = scrape(api), scrape(worker), scrape(slow), scrape(parser)
         requests = "steno_api_requests_total"
