@@ -26,6 +26,7 @@ import asyncio
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -69,10 +70,12 @@ class PartitionLeases:
         self._replicas = replicas
         self._prefix = f"{scope}." if scope else ""
         self._presence_prefix = presence_prefix
+        self.presence = Presence(nc, f"{presence_prefix}.{instance_id}")
         self._revisions: dict[int, int] = {}
-        # Holders refused on the latest round's probe, and those judged dead since.
+        # Holders refused on the latest round's probe, and those judged dead since (with
+        # when, on the monotonic clock).
         self._unanswered: set[str] = set()
-        self._evicted: set[str] = set()
+        self._evicted: dict[str, float] = {}
         self._reconnects = 0
         self._reconnected_at = -math.inf
         # What its first round claims is a start; what later rounds claim was another holder's.
@@ -87,8 +90,7 @@ class PartitionLeases:
         self._live = KvMirror(self._holders, self._holders_bucket, LEASE_TTL_S)
         await self._live.start()
         # Answering before registering: a holder listed is one that can be probed.
-        presence = await self._nc.subscribe(f"{self._presence_prefix}.{self._instance_id}", cb=_answer)
-        await self._nc.flush()
+        await self.presence.start()
         try:
             while True:
                 try:
@@ -98,7 +100,7 @@ class PartitionLeases:
                 self._started = True
                 await asyncio.sleep(RENEW_EVERY_S)
         finally:
-            await _unsubscribe(presence)
+            await self.presence.stop()
             await self._live.stop()
 
     def _key(self, partition: int) -> str:
@@ -112,8 +114,13 @@ class PartitionLeases:
     async def _live_holders(self) -> int:
         await self._holders.put(self._prefix + self._instance_id, b"1")
         others = self._others()
-        self._evicted &= others  # the mirror has caught up with the rest
-        return len(others - self._evicted) + 1
+        # An evicted holder stays out of the count until the mirror has its key's delete;
+        # one that writes its key again after that was alive after all (NATS lost its
+        # presence for a moment) and counts again.
+        now = time.monotonic()
+        self._evicted = {instance: at for instance, at in self._evicted.items()
+                         if instance in others and (self._live.age_s(self._prefix + instance) or 0.0) >= now - at}
+        return len(others - self._evicted.keys()) + 1
 
     async def _evict_dead_holders(self) -> None:
         """Frees the partitions of holders whose presence NATS refused twice in a row."""
@@ -121,7 +128,7 @@ class PartitionLeases:
         if self._nc.stats["reconnects"] != self._reconnects:
             self._reconnects = self._nc.stats["reconnects"]
             self._reconnected_at = loop.time()
-        others = sorted(self._others() - self._evicted)
+        others = sorted(self._others() - self._evicted.keys())
         answered = await asyncio.gather(*(self._answers(instance) for instance in others))
         refused = {instance for instance, answer in zip(others, answered, strict=True) if not answer}
         dead, self._unanswered = refused & self._unanswered, refused
@@ -129,7 +136,7 @@ class PartitionLeases:
             return
         for instance in dead:
             log.warning("holder %s is gone from NATS; freeing its partitions", instance)
-            self._evicted.add(instance)
+            self._evicted[instance] = time.monotonic()
             with suppress(KeyValueError):
                 await self._holders.delete(self._prefix + instance)
             await asyncio.gather(*(self._free(partition, instance) for partition in range(self._partitions)
@@ -199,11 +206,24 @@ class PartitionLeases:
             await self._holders.delete(self._prefix + self._instance_id)
 
 
-async def _answer(msg: Msg) -> None:
-    with suppress(Exception):
-        await msg.respond(b"")
+class Presence:
+    """A holder's presence subject: it answers every probe, for as long as it is started."""
 
+    def __init__(self, nc: Client, subject: str) -> None:
+        self._nc = nc
+        self._subject = subject
+        self._subscription: Subscription | None = None
 
-async def _unsubscribe(subscription: Subscription) -> None:
-    with suppress(Exception):
-        await subscription.unsubscribe()
+    async def start(self) -> None:
+        self._subscription = await self._nc.subscribe(self._subject, cb=self._answer)
+        await self._nc.flush()
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            with suppress(Exception):
+                await self._subscription.unsubscribe()
+            self._subscription = None
+
+    async def _answer(self, msg: Msg) -> None:
+        with suppress(Exception):
+            await msg.respond(b"")

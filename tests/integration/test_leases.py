@@ -1,7 +1,8 @@
 """Partitions shared out through KV leases, against a real JetStream: fair shares within
 a scope, scopes apart, a holder that leaves handing its partitions on, one that dies
 having them taken over as soon as NATS drops its connection, one that is merely slow
-keeping them, and buckets of an earlier release brought to the lease TTL."""
+keeping them, one judged gone while alive getting its share back, and buckets of an
+earlier release brought to the lease TTL."""
 
 import asyncio
 import secrets
@@ -116,6 +117,23 @@ async def test_a_holder_too_slow_to_renew_keeps_its_partitions_while_its_connect
         assert second.held == set(range(PARTITIONS)) - held_by_first
         lease_bucket = await nc.jetstream().key_value(buckets[0])
         assert {(await lease_bucket.get(f"model-a.p{p}")).value for p in held_by_first} == {b"first"}
+    finally:
+        await first.leave()
+        await second.leave()
+
+
+async def test_a_live_holder_whose_presence_was_lost_for_a_while_gets_its_share_back(jetstream, monkeypatch):
+    nc, buckets = jetstream
+    monkeypatch.setattr(leases, "LEASE_TTL_S", 120.0)
+    first, second = Holder(nc, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
+    try:
+        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
+        # NATS refuses probes of the first holder, whose rounds go on: it is judged gone.
+        await first.leases.presence.stop()
+        await settled(lambda: second.held == set(range(PARTITIONS)) and not first.held)
+        await first.leases.presence.start()
+        # It keeps registering, so it counts again and the partitions are shared again.
+        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
     finally:
         await first.leave()
         await second.leave()
