@@ -139,11 +139,12 @@ FROM responses AS r WHERE r.id = ANY($1::text[])
 """
 
 
-def _commit_statement(on_conflict: str) -> str:
+def _commit_statement(on_conflict: str, events_stored: str = "") -> str:
     return f"""
 WITH new_events AS (
     INSERT INTO response_events (response_id, seq, type, payload, hash)
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[])
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[]) AS u(r, s, t, p, h)
+    {events_stored}
     {on_conflict}
 ), new_tokens AS (
     INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)
@@ -172,4 +173,9 @@ SELECT 1
 
 
 _COMMIT = _commit_statement("")
-_COMMIT_SKIPPING_STORED = _commit_statement("ON CONFLICT DO NOTHING")
+# The rows' key cannot see the events compaction moved into a chunk (migration 0012): a
+# write that comes after its response was compacted (a redelivery long after the end)
+# skips those by their chunks.
+_COMMIT_SKIPPING_STORED = _commit_statement("ON CONFLICT DO NOTHING", """
+    WHERE NOT EXISTS (SELECT 1 FROM response_event_chunks AS c
+                      WHERE c.response_id = u.r AND u.s >= c.first_seq AND u.s < c.first_seq + cardinality(c.types))""")

@@ -66,21 +66,22 @@ async def test_parse_wipe_reparse_gives_byte_identical_events(stack, db, wiped):
     assert [tuple(r) for r in rows] == seen
 
 
-async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(stack, db, settings):
-    """Publishes a response's stored batches again, as a redelivery would; the first one
-    carries the parser seed as the worker sends it, after the response has finished."""
+async def publish_stored_batches_again(db, settings, response_id: str) -> None:
+    """Publishes a response's stored batches again, as a redelivery would (the first one
+    carrying the parser seed as the worker sends it), and waits until the parser has
+    taken them all."""
     import nats
 
     from steno.services.common.bus import Names
 
-    seen = stream_frames(stack, {"model": MODEL, "input": "once only"})
-    response_id = orjson.loads(seen[0][2])["response"]["id"]
     batches = await db.fetch(
         "SELECT attempt, batch_no, token_ids, ended::text AS ended FROM response_tokens WHERE response_id = $1"
         " ORDER BY attempt, batch_no", response_id)
     context = await db.fetchrow("SELECT base_snapshot::text, parse_context::text FROM responses WHERE id = $1",
                                 response_id)
-    seed = {"base_snapshot": orjson.loads(context[0]), "parse_context": orjson.loads(context[1])}
+    chain_head = await db.fetchval("SELECT hash FROM response_log WHERE response_id = $1 AND seq = 0", response_id)
+    seed = {"base_snapshot": orjson.loads(context[0]), "parse_context": orjson.loads(context[1]),
+            "chain_head": chain_head.hex()}
     names = Names(settings.namespace, settings.token_partitions)
     nc = await nats.connect(settings.nats_url)
     try:
@@ -104,6 +105,13 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
         assert info.num_pending == 0 and info.num_ack_pending == 0
     finally:
         await nc.close()
+
+
+async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(stack, db, settings):
+    """A response's batches delivered again after it has finished."""
+    seen = stream_frames(stack, {"model": MODEL, "input": "once only"})
+    response_id = orjson.loads(seen[0][2])["response"]["id"]
+    await publish_stored_batches_again(db, settings, response_id)
     rows = await db.fetch("SELECT seq, type, payload FROM response_events WHERE response_id = $1 ORDER BY seq",
                           response_id)
     assert [tuple(r) for r in rows] == seen
