@@ -124,14 +124,16 @@ async def _altered_tokens(db, rid: str) -> int:
                              " ORDER BY attempt, batch_no", rid)
     deltas = await db.fetch("SELECT seq, payload FROM response_events WHERE response_id = $1"
                             " AND type = 'response.output_text.delta' ORDER BY seq", rid)
-    # The batch that produced the last delta of the answer (one delta per item per batch).
+    # The answer's last word: the last ordinary token (below Harmony's special ones) of
+    # the last batch that has one, whether the answer came in many batches or in one
+    # with its header and end (a slow machine's full-speed simulator sends it whole).
     last_delta = deltas[-1]
-    ordinary = [b for b in batches if b["token_ids"] and max(b["token_ids"]) < 199_998]
-    assert answer and ordinary
-    victim = ordinary[-1]
-    await db.execute("UPDATE response_tokens SET token_ids[1] = token_ids[1] + 1"
+    victim = next(b for b in reversed(batches) if any(token < 199_998 for token in b["token_ids"]))
+    position = max(i for i, token in enumerate(victim["token_ids"], start=1) if token < 199_998)
+    assert answer
+    await db.execute("UPDATE response_tokens SET token_ids[$4] = token_ids[$4] + 1"
                      " WHERE response_id = $1 AND attempt = $2 AND batch_no = $3", rid, victim["attempt"],
-                     victim["batch_no"])
+                     victim["batch_no"], position)
     return last_delta["seq"]
 
 
