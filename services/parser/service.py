@@ -231,7 +231,12 @@ class ParserService:
                     try:
                         applied = state.apply(decoded)
                     except OutOfOrder as exc:
+                        # What it lacks may have been committed by another writer (a parser
+                        # that held the partition until it noticed it had lost it): the
+                        # retry rebuilds the state from Postgres, or it would wait for
+                        # batches that never come back to it.
                         log.info("%s; retrying later", exc)
+                        self._states.pop(response_id, None)
                         to_retry += [m for m, _ in items[position:]]
                         break
                     except Exception as exc:

@@ -103,7 +103,9 @@ async def stream_client(stack: Stack, index: int, rng: random.Random, deadline: 
                 params["starting_after"] = str(record.events[-1][0])
             url = f"{stack.url_of(rng.randrange(len(stack.api_ports)))}/responses/{record.response_id}"
             try:
-                async with http.stream("GET", url, params=params, headers=stack.headers()) as reply:
+                # Keepalive comments keep a stalled stream open: the deadline ends it.
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())), \
+                        http.stream("GET", url, params=params, headers=stack.headers()) as reply:
                     if reply.status_code != 200:
                         raise httpx.HTTPError(f"status {reply.status_code}")
                     async for line in reply.aiter_lines():
@@ -123,6 +125,8 @@ async def stream_client(stack: Stack, index: int, rng: random.Random, deadline: 
                             return record
             except (httpx.HTTPError, OSError):
                 pass
+            except TimeoutError:
+                break
             record.reconnects += 1
             await asyncio.sleep(0.2)
     record.error = "no terminal event before the deadline"

@@ -231,3 +231,89 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
                               rid)
         assert [tuple(r) for r in rows] == events
     assert await db.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", unknown) == 0
+
+
+HELD_MODEL = "steno-held"
+
+
+async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, db, settings):
+    """Two parsers may write one response for a moment (one holds its partition until it
+    notices it has lost it). Here the test is the worker, publishing the batches, and
+    the other parser, committing one batch behind the parser's back: the parser's state
+    then waits for a batch that never comes back to it, and must be rebuilt from
+    Postgres for the response to end."""
+    import nats
+
+    from steno.schemas.bus import GenerationEnded, ParserSeed, TokenBatch
+    from steno.schemas.responses import ParseContext
+    from steno.services.common.bus import Names
+    from steno.services.common.db import create_pool
+    from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
+    from steno.services.parser.event_log import EventLog, ResponseWrite
+    from steno.services.parser.response_state import ResponseState
+    from tests.conftest import reparses_identically
+
+    # A worker that takes the request and never answers: the test answers instead.
+    worker = stack.add("worker-held", "worker", "--model", HELD_MODEL, "--sim-first-token-delay-ms", "3600000")
+    try:
+        for _ in range(150):
+            if HELD_MODEL in {model.id for model in client.models.list()}:
+                break
+            assert worker.exited() is None, worker.log_text()
+            await asyncio.sleep(0.2)
+        response_id = client.responses.create(model=HELD_MODEL, input="answered by hand", background=True).id
+        row = await db.fetchrow("SELECT base_snapshot::text, parse_context::text FROM responses WHERE id = $1",
+                                response_id)
+        base_snapshot, parse_context = orjson.loads(row[0]), orjson.loads(row[1])
+        chain_head = await db.fetchval("SELECT hash FROM response_log WHERE response_id = $1 AND seq = 0",
+                                       response_id)
+        tokens = dialect_named(DEFAULT_DIALECT).write_completion(
+            [CompletionMessage("final", "one two three four five six seven eight")])
+        quarter = len(tokens) // 4
+        parts = [tokens[:quarter], tokens[quarter:2 * quarter], tokens[2 * quarter:3 * quarter],
+                 tokens[3 * quarter:]]
+        batches = [TokenBatch(response_id=response_id, attempt=0, batch_no=i, token_ids=part) for i, part in
+                   enumerate(parts)]
+        batches[0].parser_seed = ParserSeed(base_snapshot=base_snapshot, parse_context=parse_context,
+                                            chain_head=chain_head.hex())
+        batches[3].ended = GenerationEnded(response_id=response_id, attempt=0, batch_count=4, finish_reason="stop",
+                                           prompt_tokens=10, output_tokens=len(tokens))
+        names = Names(settings.namespace, settings.token_partitions)
+        nc = await nats.connect(settings.nats_url)
+        try:
+            js = nc.jetstream()
+            for batch in batches[:2]:
+                await js.publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
+            for _ in range(100):
+                if await db.fetchval("SELECT count(*) FROM response_tokens WHERE response_id = $1", response_id) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            # The other writer: the same state from Postgres, one batch further, committed.
+            other = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context),
+                                  chain_head=chain_head)
+            write = ResponseWrite(response_id)
+            for batch in batches[:3]:
+                applied = other.apply(batch)
+                assert applied is not None
+                write = ResponseWrite(response_id, events=applied.events, consumed=applied.recorded)
+            pool = await create_pool(settings.database_url, max_size=1)
+            try:
+                await EventLog(pool).commit([write])
+            finally:
+                await pool.close()
+            await js.publish(names.tokens_subject(response_id), batches[3].model_dump_json().encode())
+        finally:
+            await nc.close()
+
+        for _ in range(150):
+            if client.responses.retrieve(response_id).status != "in_progress":
+                break
+            await asyncio.sleep(0.1)
+        assert client.responses.retrieve(response_id).status == "completed"
+        assert client.responses.retrieve(response_id).output_text == "one two three four five six seven eight"
+        seqs = [r[0] for r in await db.fetch("SELECT seq FROM response_log WHERE response_id = $1 ORDER BY seq",
+                                             response_id)]
+        assert seqs == list(range(len(seqs)))
+        assert await asyncio.to_thread(reparses_identically, stack.settings, response_id)
+    finally:
+        worker.stop()
