@@ -97,46 +97,49 @@ async def test_a_holder_that_dies_has_its_partitions_taken_over_before_its_lease
         await second.leave()
 
 
-async def test_a_holder_too_slow_to_renew_keeps_its_partitions_while_its_connection_lives(jetstream, monkeypatch):
+@pytest.fixture
+async def halves_held_for_good(jetstream, monkeypatch):
+    """Two holders of model-a's partitions, half each, with leases that outlive the test:
+    only presence can move a partition."""
     nc, buckets = jetstream
     monkeypatch.setattr(leases, "LEASE_TTL_S", 120.0)
     first, second = Holder(nc, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
     try:
         await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
-        held_by_first = set(first.held)
-        stalled = asyncio.Event()
-
-        async def stall(*_: object) -> None:
-            stalled.set()
-            await asyncio.Event().wait()
-
-        first.leases._round = stall  # its rounds stop; its presence still answers
-        await stalled.wait()
-        # The other holder probes it every round, many rounds over.
-        await asyncio.sleep(20 * leases.RENEW_EVERY_S)
-        assert second.held == set(range(PARTITIONS)) - held_by_first
-        lease_bucket = await nc.jetstream().key_value(buckets[0])
-        assert {(await lease_bucket.get(f"model-a.p{p}")).value for p in held_by_first} == {b"first"}
+        yield first, second
     finally:
         await first.leave()
         await second.leave()
 
 
-async def test_a_live_holder_whose_presence_was_lost_for_a_while_gets_its_share_back(jetstream, monkeypatch):
+async def test_a_holder_too_slow_to_renew_keeps_its_partitions_while_its_connection_lives(jetstream,
+                                                                                          halves_held_for_good):
     nc, buckets = jetstream
-    monkeypatch.setattr(leases, "LEASE_TTL_S", 120.0)
-    first, second = Holder(nc, buckets, "first", "model-a"), Holder(nc, buckets, "second", "model-a")
-    try:
-        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
-        # NATS refuses probes of the first holder, whose rounds go on: it is judged gone.
-        await first.leases.presence.stop()
-        await settled(lambda: second.held == set(range(PARTITIONS)) and not first.held)
-        await first.leases.presence.start()
-        # It keeps registering, so it counts again and the partitions are shared again.
-        await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
-    finally:
-        await first.leave()
-        await second.leave()
+    first, second = halves_held_for_good
+    held_by_first = set(first.held)
+    stalled = asyncio.Event()
+
+    async def stall(*_: object) -> None:
+        stalled.set()
+        await asyncio.Event().wait()
+
+    first.leases._round = stall  # its rounds stop; its presence still answers
+    await stalled.wait()
+    # The other holder probes it every round, many rounds over.
+    await asyncio.sleep(20 * leases.RENEW_EVERY_S)
+    assert second.held == set(range(PARTITIONS)) - held_by_first
+    lease_bucket = await nc.jetstream().key_value(buckets[0])
+    assert {(await lease_bucket.get(f"model-a.p{p}")).value for p in held_by_first} == {b"first"}
+
+
+async def test_a_live_holder_whose_presence_was_lost_for_a_while_gets_its_share_back(halves_held_for_good):
+    first, second = halves_held_for_good
+    # NATS refuses probes of the first holder, whose rounds go on: it is judged gone.
+    await first.leases.presence.stop()
+    await settled(lambda: second.held == set(range(PARTITIONS)) and not first.held)
+    await first.leases.presence.start()
+    # It keeps registering, so it counts again and the partitions are shared again.
+    await settled(lambda: len(first.held) == len(second.held) == PARTITIONS // 2)
 
 
 async def test_buckets_made_with_another_ttl_take_the_lease_ttl(jetstream):

@@ -291,7 +291,6 @@ async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, d
             # The other writer: the same state from Postgres, one batch further, committed.
             other = ResponseState(response_id, base_snapshot, ParseContext.model_validate(parse_context),
                                   chain_head=chain_head)
-            write = ResponseWrite(response_id)
             for batch in batches[:3]:
                 applied = other.apply(batch)
                 assert applied is not None
