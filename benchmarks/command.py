@@ -15,6 +15,8 @@ EXTRA_HINT = "pip install 'steno[bench]'"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", default="all", help=f"comma-separated: {', '.join(SCENARIOS)} (default all)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="keep the services' logs in this folder (default: a temporary one, removed)")
     parser.add_argument("--api-replicas", type=int, default=1,
                         help="API processes; the ttfe and throughput streams are spread over them")
     parser.add_argument("--ttfe-levels", default="1,16,128")

@@ -685,7 +685,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"machine: {machine['cpus']} cores, yardstick {machine['yardstick_ms']} ms (sum(range(100000)), best of 5)")
     results: dict[str, Any] = {"scenarios": scenarios, "machine": machine, "api_replicas": args.api_replicas}
     with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
-        bench = Bench(Path(tmp), args.api_replicas)
+        work = Path(tmp)
+        if args.logs is not None:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            work = args.logs
+        bench = Bench(work, args.api_replicas)
         try:
             await bench.start()
             if "ttfe" in scenarios:
@@ -709,7 +713,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["affinity"] = await bench.affinity(args.affinity_workers, args.affinity_conversations,
                                                            args.affinity_turns)
             if "vllm" in scenarios:
-                results["vllm"] = await side_by_side(bench, Path(tmp), [int(x) for x in args.vllm_levels.split(",")],
+                results["vllm"] = await side_by_side(bench, work, [int(x) for x in args.vllm_levels.split(",")],
                                                      args.vllm_max_tokens, args.vllm_rounds)
             if "steady" in scenarios:
                 from steno.benchmarks.steady import steady  # it builds on this module

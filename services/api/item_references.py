@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from steno.services.api.errors import ApiError
-from steno.services.api.limits import is_id
+from steno.services.api.limits import check_items, is_id
 from steno.services.api.store import ResponseStore
 
 
@@ -28,4 +28,7 @@ async def resolved_references(items: list[Any], store: ResponseStore, tenant: st
             raise ApiError(400, f"Item with id '{item_id}' not found.", param=f"{where}[{index}].id",
                            code="invalid_value")
         resolved[index] = found[str(item_id)]
+    # A stored item is held to what the request could have sent in its place (a model's
+    # output may hold a NUL, which a request may not).
+    check_items(resolved, where)
     return resolved

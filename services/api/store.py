@@ -198,8 +198,16 @@ class ResponseStore:
         items) with these ids, by id."""
         rows = await self._pool.fetch(_ITEMS_BY_ID, tenant_id, item_ids)
         found: dict[str, dict[str, Any]] = {}
-        for item_id, item, _ in rows:
-            found.setdefault(item_id, orjson.loads(item))
+        for item_id, text, rank in rows:
+            if item_id in found:
+                continue
+            if rank == 1:
+                found[item_id] = orjson.loads(text)
+                continue
+            output = (orjson.loads(text) if text is not None else {}).get("output") or []
+            item = next((item for item in output if isinstance(item, dict) and item.get("id") == item_id), None)
+            if item is not None:
+                found[item_id] = item
         return found
 
     async def input_items_of(self, response_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -360,12 +368,14 @@ ORDER BY e.seq DESC LIMIT 1
 
 # Output items first: an id an item was given by this server names it before an input
 # item a client happened to give the same id.
+# Output items are picked out of their response's snapshot here, not by Postgres: its
+# JSON operators refuse the escape \u0000, which a model may emit, and the plan may
+# apply them to any of the tenant's responses.
 _ITEMS_BY_ID = """
-SELECT o.item_id, item::text, 0 AS rank
+SELECT o.item_id, r.snapshot::text, 0 AS rank
 FROM response_output_items AS o
-JOIN responses AS r ON r.id = o.response_id AND r.tenant_id = $1 AND r.store,
-     json_array_elements(r.snapshot::json -> 'output') AS item
-WHERE o.item_id = ANY($2::text[]) AND item->>'id' = o.item_id
+JOIN responses AS r ON r.id = o.response_id AND r.tenant_id = $1 AND r.store
+WHERE o.item_id = ANY($2::text[])
 UNION ALL
 SELECT i.item_id, i.item::text, 1 AS rank
 FROM response_input_items AS i

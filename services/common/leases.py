@@ -160,16 +160,23 @@ class PartitionLeases:
                 await self._leases.delete(self._key(partition), last=entry.revision)
 
     async def _round(self, acquired: PartitionCallback, lost: PartitionCallback) -> None:
-        # Renewals first: counting the holders takes round trips a renewal need not wait for.
-        for partition, revision in list(self._revisions.items()):
-            try:
-                self._revisions[partition] = await self._leases.update(
-                    self._key(partition), self._instance_id.encode(), last=revision
-                )
-            except KeyValueError:
+        # Renewals first, all at once: counting the holders takes round trips a renewal need
+        # not wait for, and on a loaded bus renewals one after another can outlast the TTL.
+        held = list(self._revisions.items())
+        renewals = await asyncio.gather(*(self._renew(partition, revision) for partition, revision in held),
+                                        return_exceptions=True)
+        failure: BaseException | None = None
+        for (partition, _), renewed in zip(held, renewals, strict=True):
+            if isinstance(renewed, int):
+                self._revisions[partition] = renewed
+            elif renewed is None:
                 del self._revisions[partition]
                 log.warning("lost the lease on partition %s", self._key(partition))
                 await lost(partition)
+            else:  # not answered: still ours until the TTL says otherwise
+                failure = failure or renewed
+        if failure is not None:
+            raise failure
         await self._evict_dead_holders()
         share = math.ceil(self._partitions / await self._live_holders())
         while len(self._revisions) > share:
@@ -195,6 +202,13 @@ class PartitionLeases:
             if self._started:
                 self._taken_over.inc()
             await acquired(partition)
+
+    async def _renew(self, partition: int, revision: int) -> int | None:
+        """The lease's new revision, or None when it is no longer this holder's."""
+        try:
+            return await self._leases.update(self._key(partition), self._instance_id.encode(), last=revision)
+        except KeyValueError:
+            return None
 
     async def release_all(self, lost: PartitionCallback) -> None:
         for partition, revision in list(self._revisions.items()):

@@ -39,9 +39,19 @@ log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
 MAX_DELIVER = 20
+# A batch handed back is redelivered after RETRY_DELAY_S, doubling with every further
+# delivery up to MAX_RETRY_DELAY_S: a few quick retries, then patience.
 RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
+# While Postgres is unreachable the messages stay held and are tried again in place
+# (never handed back, so no delivery is spent on an outage), backing off to this.
+MAX_UNREACHABLE_WAIT_S = 5.0
 # A batch that fails this many deliveries in a row fails its response.
 POISON_DELIVERIES = 4
+# A batch still ahead of everything Postgres holds for its response on this many
+# deliveries follows one that is not coming: its response fails rather than waiting
+# for good (the deliveries above come over about a minute).
+STRANDED_DELIVERIES = 10
 # States held in memory; a response silent long enough to fall out is rebuilt when it speaks.
 MAX_STATES = 20_000
 
@@ -122,7 +132,7 @@ class ParserService:
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
                 try:
-                    await self.process(messages)
+                    await self._settle(messages)
                 except asyncio.CancelledError:
                     # The partition goes to another holder: these go there at once, committed or not.
                     for msg in messages:
@@ -130,17 +140,36 @@ class ParserService:
                             await msg.nak()
                     raise
                 except Exception:
-                    # Postgres unreachable while loading a state, say: everything comes back.
                     log.exception("processing %d messages failed; they will be redelivered", len(messages))
                     for msg in messages:
                         with suppress(Exception):
-                            await msg.nak(delay=RETRY_DELAY_S)
+                            await msg.nak(delay=retry_delay(msg))
                 finally:
                     for msg in messages:
                         self._held.release(msg)
         finally:
             with suppress(Exception):
                 await feed.stop()
+
+    async def _settle(self, messages: list[Msg]) -> None:
+        """Processes the messages until none is left for want of Postgres: those are kept
+        (held, so not redelivered) and tried again, waiting longer each time, so an
+        outage of any length delays the partition without spending deliveries."""
+        waited_s = 0.0
+        wait_s = RETRY_DELAY_S / 2
+        while messages:
+            try:
+                messages = await self.process(messages)
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                log.warning("Postgres is unreachable (%s); %d messages wait", exc, len(messages))
+            if messages:
+                await asyncio.sleep(wait_s)
+                waited_s += wait_s
+                wait_s = min(wait_s * 2, MAX_UNREACHABLE_WAIT_S)
+        if waited_s:
+            log.info("Postgres answered again after %.1fs", waited_s)
 
     async def _states_for(
         self, firsts: dict[str, tuple[Msg, TokenStreamMessage] | None]
@@ -190,17 +219,25 @@ class ParserService:
     async def _fail_poisoned(self, response_id: str, write: ResponseWrite, exc: Exception) -> None:
         """Ends a response whose next batch keeps breaking the parser: failed, visibly,
         with the end recorded so a re-parse reaches the same failure."""
+        await self._fail(response_id, write,
+                         f"The model output could not be processed ({type(exc).__name__}); giving up.")
+
+    async def _fail(self, response_id: str, write: ResponseWrite, message: str) -> None:
+        """Adds to ``write`` the failure of the response where its stored stream stands."""
         state = (await self._states_for({response_id: None}))[response_id]
         if state is None or state.finished:
             return
-        ended = state.failure(f"The model output could not be processed ({type(exc).__name__}); giving up.")
+        ended = state.failure(message)
         applied = state.apply_end(ended)
         if applied is not None:
             write.events += applied.events
             write.consumed += applied.recorded
             write.final_snapshot = state.final_snapshot
 
-    async def process(self, messages: list[Msg]) -> None:
+    async def process(self, messages: list[Msg]) -> list[Msg]:
+        """Applies, commits, announces and acks what it can of ``messages``, and hands back
+        (nak) what must come again later; returns those it could not settle for want of
+        Postgres, still held."""
         fetched_ns = time.time_ns()
         by_response: dict[str, list[tuple[Msg, TokenStreamMessage]]] = {}
         for msg in messages:
@@ -235,9 +272,15 @@ class ParserService:
                         # that held the partition until it noticed it had lost it): the
                         # retry rebuilds the state from Postgres, or it would wait for
                         # batches that never come back to it.
-                        log.info("%s; retrying later", exc)
                         self._states.pop(response_id, None)
-                        to_retry += [m for m, _ in items[position:]]
+                        if position == 0 and msg.metadata.num_delivered >= STRANDED_DELIVERIES:
+                            log.error("%s, on delivery %d: the response fails", exc, msg.metadata.num_delivered)
+                            await self._fail(response_id, write, "The model output is incomplete: a part of it"
+                                             " never reached the parser; giving up.")
+                            to_ack += [m for m, _ in items]
+                        else:
+                            log.info("%s; retrying later", exc)
+                            to_retry += [m for m, _ in items[position:]]
                         break
                     except Exception as exc:
                         log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
@@ -268,8 +311,9 @@ class ParserService:
             raise
 
         committed, failed = await self._commit(writes)
+        unsettled: list[Msg] = []
         for write in failed:
-            to_retry += written.pop(write.response_id, [])
+            unsettled += written.pop(write.response_id, [])
         for write in committed:
             delivered = written.pop(write.response_id, [])
             to_ack += delivered
@@ -286,10 +330,11 @@ class ParserService:
                 await msg.ack()
         for msg in to_retry:
             with suppress(Exception):
-                await msg.nak(delay=RETRY_DELAY_S)
+                await msg.nak(delay=retry_delay(msg))
         for write in committed:
             if write.final_snapshot is not None and not write.final_snapshot.get("store", True):
                 await self._forget_tokens(write.response_id)
+        return unsettled
 
     async def _commit(self, writes: list[ResponseWrite]) -> tuple[list[ResponseWrite], list[ResponseWrite]]:
         """Commits the writes; returns those committed (or replaced by their response's
@@ -342,6 +387,11 @@ class ParserService:
         except Exception:
             log.warning("could not purge the token stream of %s (it expires with the stream's age limit)",
                         response_id, exc_info=True)
+
+
+def retry_delay(msg: Msg) -> float:
+    """How long a message handed back waits before its next delivery."""
+    return min(RETRY_DELAY_S * 2 ** max(0, msg.metadata.num_delivered - 2), MAX_RETRY_DELAY_S)
 
 
 def _unreachable(exc: BaseException) -> bool:

@@ -6,6 +6,7 @@ The batches are taken in the order, and by the rule, the parser applies them
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -17,6 +18,8 @@ from steno.schemas.bus import Placement, TokenBatch, TokenStreamMessage, TokenSt
 from steno.services.common.bus import Names
 
 READ_BATCH = 512
+FETCH_TIMEOUT_S = 0.5
+READ_PATIENCE_S = 15.0
 
 
 @dataclass
@@ -47,7 +50,13 @@ def assemble(messages: list[TokenStreamMessage]) -> PriorOutput:
     return prior
 
 
-async def read_prior_output(js: JetStreamContext, names: Names, response_id: str) -> PriorOutput:
+async def read_prior_output(js: JetStreamContext, names: Names, response_id: str,
+                            patience_s: float = READ_PATIENCE_S) -> PriorOutput:
+    """Everything published on the response's token subject so far. A slow read is not an
+    empty one: the reading consumer says how many messages the subject holds, and a read
+    that gets fewer within ``patience_s`` raises (the request goes back and is tried
+    again), since continuing after a shorter prefix than was published would fail the
+    response."""
     subscription = await js.pull_subscribe(
         names.tokens_subject(response_id),
         stream=names.tokens_stream,
@@ -57,18 +66,26 @@ async def read_prior_output(js: JetStreamContext, names: Names, response_id: str
     )
     messages: list[TokenStreamMessage] = []
     try:
-        while True:
+        stored = (await subscription.consumer_info()).num_pending or 0
+        read = 0
+        deadline = time.monotonic() + patience_s
+        while read < stored:
+            if time.monotonic() > deadline:
+                raise PriorOutputUnread(f"read {read} of the {stored} messages published for {response_id}")
             try:
-                fetched = await subscription.fetch(READ_BATCH, timeout=0.5)
+                fetched = await subscription.fetch(READ_BATCH, timeout=FETCH_TIMEOUT_S)
             except (TimeoutError, NatsTimeoutError):
-                break
+                continue
+            read += len(fetched)
             for msg in fetched:
                 try:
                     messages.append(token_stream_message.validate_json(msg.data))
                 except ValidationError:
                     continue
-            if fetched[-1].metadata.num_pending == 0:
-                break
     finally:
         await subscription.unsubscribe()
     return assemble(messages)
+
+
+class PriorOutputUnread(Exception):
+    """The earlier attempts' output could not be read in time."""

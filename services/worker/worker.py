@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from contextlib import suppress
+from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -33,6 +34,7 @@ from steno.schemas.bus import (
     FinishReason,
     GenerationEnded,
     GenerationRequest,
+    GenerationWork,
     StoredGenerationRequest,
     TokenBatch,
     WorkerRegistration,
@@ -74,11 +76,21 @@ log = logging.getLogger(__name__)
 # is given up after this many deliveries.
 MAX_DELIVER = 5
 # The running requests' cancel flags are also read directly this often, in case the
-# watcher missed one (cut off from NATS, say).
+# watcher missed one (cut off from NATS, say), this many reads at a time.
 CANCEL_CHECK_S = 3.0
+CANCEL_READS_AT_ONCE = 32
 # Publishing rides out a NATS restart this long before the attempt is abandoned.
 PUBLISH_PATIENCE_S = 60.0
 RETRY_DELAY_S = 0.5
+
+
+@dataclass
+class _AttemptOutput:
+    """What an attempt has published so far: its batches, and the output tokens with
+    those of the attempts before it (once read)."""
+
+    batches: int = 0
+    tokens: int = 0
 
 
 class GenerationWorker:
@@ -154,6 +166,7 @@ class GenerationWorker:
         await self._cancels.start()
         self._requests = await request_store(self._js, names)
         registration = asyncio.create_task(self._register())
+        cancel_checks = asyncio.create_task(self._check_cancels())
         # Beats on while stop() drains the requests still running.
         self._heartbeats = asyncio.create_task(self._heartbeat())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
@@ -161,6 +174,7 @@ class GenerationWorker:
             await self._take_work(self._feed)
         finally:
             registration.cancel()
+            cancel_checks.cancel()
             await self._feed.stop()
             await self._hand_shards_on()
             await self._cancels.stop()
@@ -269,19 +283,28 @@ class GenerationWorker:
     async def _heartbeat(self) -> None:
         """Keeps every request held here ours, from its delivery (reading the request and
         the earlier attempts' output included) to its ack: one timer for all of them
-        rather than a task per request. Every few beats it reads the running requests'
-        cancel flags itself."""
-        beats_per_cancel_check = round(CANCEL_CHECK_S / BEAT_S)
-        beat = 0
+        rather than a task per request. Nothing else runs on this timer: a beat that
+        waits for anything else (a round trip per running request, on a loaded bus)
+        lets the ack wait run out under requests that are alive, and they are
+        generated twice."""
         while True:
             await asyncio.sleep(BEAT_S)
             await self._held.beat()
-            beat += 1
-            if beat % beats_per_cancel_check == 0:
-                for response_id, engine_request_id in list(self._running.items()):
-                    with suppress(Exception):
-                        if await self._cancels.fetch(response_id) is not None:
-                            await self._engine.abort(engine_request_id)
+
+    async def _check_cancels(self) -> None:
+        """Reads the running requests' cancel flags directly every ``CANCEL_CHECK_S``,
+        several at a time, and aborts those whose flag the watcher missed."""
+        while True:
+            await asyncio.sleep(CANCEL_CHECK_S)
+            running = list(self._running.items())
+            for start in range(0, len(running), CANCEL_READS_AT_ONCE):
+                await asyncio.gather(*(self._abort_if_cancelled(*request)
+                                       for request in running[start:start + CANCEL_READS_AT_ONCE]))
+
+    async def _abort_if_cancelled(self, response_id: str, engine_request_id: str) -> None:
+        with suppress(Exception):
+            if await self._cancels.fetch(response_id) is not None:
+                await self._engine.abort(engine_request_id)
 
     async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
         """Publishes to JetStream, riding out a NATS restart; the message id makes a
@@ -297,6 +320,18 @@ class GenerationWorker:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    async def _give_up(self, response_id: str, attempt: int, out: _AttemptOutput, prompt_tokens: int,
+                       exc: Exception) -> None:
+        """Ends the response with an error at this attempt's next position, where the
+        parser applies it whatever the earlier attempts published."""
+        ended = GenerationEnded(response_id=response_id, attempt=attempt, batch_count=out.batches,
+                                finish_reason="error", prompt_tokens=prompt_tokens, output_tokens=out.tokens,
+                                error_code="server_error",
+                                error_message=f"The generation failed on every delivery ({type(exc).__name__}).",
+                                completed_at=int(time.time()))
+        await self._publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
+                            f"{response_id}:{attempt}:{out.batches}")
 
     async def _request_of(self, work: StoredGenerationRequest, msg: Msg, attempt: int) -> GenerationRequest | None:
         """The request a work message names in the request store; None (its response
@@ -321,25 +356,40 @@ class GenerationWorker:
         request = work if isinstance(work, GenerationRequest) else await self._request_of(work, msg, attempt)
         if request is None:
             return
-        # A request that came through the store is large; so may its parser seed be, which
-        # then stays off the token stream (the parser reads it from Postgres instead).
-        seeded = isinstance(work, GenerationRequest)
         rid = request.response_id
         logs.bind(response_id=rid, attempt=attempt)
         trace.get_current_span().set_attributes({"steno.response_id": rid, "steno.attempt": attempt})
         if attempt > 0:
             WORK_REDELIVERED.labels(self._model).inc()
+        out = _AttemptOutput()
+        try:
+            await self._attempt(msg, work, request, attempt, out)
+        except Exception as exc:
+            if attempt + 1 < MAX_DELIVER:
+                raise
+            # Its last delivery: given up visibly, not left for JetStream to drop in silence.
+            log.exception("%s attempt %d failed on its last delivery; the response fails", rid, attempt)
+            await self._give_up(rid, attempt, out, len(request.prompt_token_ids), exc)
+            await msg.ack()
+
+    async def _attempt(self, msg: Msg, work: GenerationWork, request: GenerationRequest, attempt: int,
+                       out: _AttemptOutput) -> None:
+        """Generates the request from where the earlier attempts left it, publishing its
+        batches (counted in ``out``) and its end, and acks it."""
+        rid = request.response_id
+        # A request that came through the store is large; so may its parser seed be, which
+        # then stays off the token stream (the parser reads it from Postgres instead).
+        seeded = isinstance(work, GenerationRequest)
         subject = self._names.tokens_subject(rid)
         prior = await read_prior_output(self._js, self._names, rid) if attempt > 0 else PriorOutput()
         if prior.ended:
             log.info("%s attempt %d: an earlier attempt already ended it", rid, attempt)
             await msg.ack_sync()
             return
-        batch_no = 0
-        output_tokens = len(prior.token_ids)
+        out.tokens = len(prior.token_ids)
 
         async def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> None:
-            nonlocal batch_no, output_tokens
+            batch_no = out.batches
             batch = TokenBatch(
                 response_id=rid,
                 attempt=attempt,
@@ -353,8 +403,8 @@ class GenerationWorker:
                 ended=ended,
             )
             await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
-            batch_no += 1
-            output_tokens += len(pending.token_ids)
+            out.batches += 1
+            out.tokens += len(pending.token_ids)
             self._tokens_published.inc(len(pending.token_ids))
 
         started = time.monotonic()
@@ -384,10 +434,10 @@ class GenerationWorker:
         ended = GenerationEnded(
             response_id=rid,
             attempt=attempt,
-            batch_count=batch_no + 1,
+            batch_count=out.batches + 1,
             finish_reason=finish,
             prompt_tokens=len(request.prompt_token_ids),
-            output_tokens=output_tokens + len(tail.token_ids),
+            output_tokens=out.tokens + len(tail.token_ids),
             cached_tokens=last.cached_tokens if last else None,
             error_code="server_error" if error is not None else None,
             error_message=str(error) if error is not None else None,
@@ -405,4 +455,4 @@ class GenerationWorker:
         # record and a write each; a retried attempt, an error or a cancel is news.
         level = logging.DEBUG if attempt == 0 and finish in ("stop", "length") else logging.INFO
         log.log(level, "%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish,
-                output_tokens - len(prior.token_ids), time.monotonic() - started)
+                out.tokens - len(prior.token_ids), time.monotonic() - started)

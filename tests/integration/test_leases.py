@@ -1,8 +1,8 @@
 """Partitions shared out through KV leases, against a real JetStream: fair shares within
 a scope, scopes apart, a holder that leaves handing its partitions on, one that dies
 having them taken over as soon as NATS drops its connection, one that is merely slow
-keeping them, one judged gone while alive getting its share back, and buckets of an
-earlier release brought to the lease TTL."""
+keeping them (as does one whose every renewal is slow), one judged gone while alive
+getting its share back, and buckets of an earlier release brought to the lease TTL."""
 
 import asyncio
 import secrets
@@ -25,6 +25,8 @@ PARTITIONS = 8
 class Holder:
     def __init__(self, nc, buckets: tuple[str, str], name: str, scope: str) -> None:
         self.held: set[int] = set()
+        # Every partition it stopped holding, in order.
+        self.losses: list[int] = []
         self.leases = PartitionLeases(nc, leases_bucket=buckets[0], holders_bucket=buckets[1], partitions=PARTITIONS,
                                       instance_id=name, presence_prefix=f"{buckets[1]}.presence", scope=scope)
         self.task = asyncio.create_task(self.leases.run(self._acquired, self._lost))
@@ -34,6 +36,7 @@ class Holder:
 
     async def _lost(self, partition: int) -> None:
         self.held.discard(partition)
+        self.losses.append(partition)
 
     async def leave(self) -> None:
         self.task.cancel()
@@ -130,6 +133,28 @@ async def test_a_holder_too_slow_to_renew_keeps_its_partitions_while_its_connect
     assert second.held == set(range(PARTITIONS)) - held_by_first
     lease_bucket = await nc.jetstream().key_value(buckets[0])
     assert {(await lease_bucket.get(f"model-a.p{p}")).value for p in held_by_first} == {b"first"}
+
+
+async def test_a_holder_whose_every_renewal_is_slow_keeps_its_partitions(jetstream):
+    """On a loaded bus each renewal takes a while: renewed one after another, the last
+    would come after its lease lapsed."""
+    nc, buckets = jetstream
+    holder = Holder(nc, buckets, "only", "model-a")
+    try:
+        await settled(lambda: holder.held == set(range(PARTITIONS)))
+        lease_bucket = holder.leases._leases
+        update = lease_bucket.update
+
+        async def slow_update(*args, **kwargs):
+            await asyncio.sleep(LEASE_TTL_S / 5)
+            return await update(*args, **kwargs)
+
+        lease_bucket.update = slow_update
+        await asyncio.sleep(3 * LEASE_TTL_S)
+        assert holder.losses == []
+        assert holder.held == set(range(PARTITIONS))
+    finally:
+        await holder.leave()
 
 
 async def test_a_live_holder_whose_presence_was_lost_for_a_while_gets_its_share_back(halves_held_for_good):

@@ -30,6 +30,13 @@ async def test_output_with_nul_is_stored_and_streamed_and_its_neighbour_complete
         events = list(replay)
     assert events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "before\x00after"
+    # Looking up the tenant's stored items reads past it; referencing it is refused as a
+    # NUL sent in the input is, with a 400 naming the field.
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_unknown"}])
+    [message] = client.responses.retrieve(poisoned).output
+    with pytest.raises(openai.BadRequestError, match="NUL"):
+        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": message.id}])
 
 
 async def test_a_write_postgres_refuses_fails_its_response_alone(stack, settings, client, db):

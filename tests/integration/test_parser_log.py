@@ -3,6 +3,7 @@
 import asyncio
 import subprocess
 import sys
+import time
 
 import httpx
 import orjson
@@ -233,6 +234,21 @@ async def test_a_backlog_without_seeds_is_rebuilt_from_postgres(stack, db, setti
     assert await db.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", unknown) == 0
 
 
+def batches_as_a_worker_sends(response_id: str, parts: list[list[int]], base_snapshot: dict, parse_context: dict,
+                              chain_head: bytes) -> list:
+    """One attempt's batches of ``parts``: the first carrying the parser seed, the last the end."""
+    from steno.schemas.bus import GenerationEnded, ParserSeed, TokenBatch
+
+    batches = [TokenBatch(response_id=response_id, attempt=0, batch_no=i, token_ids=part)
+               for i, part in enumerate(parts)]
+    batches[0].parser_seed = ParserSeed(base_snapshot=base_snapshot, parse_context=parse_context,
+                                        chain_head=chain_head.hex())
+    batches[-1].ended = GenerationEnded(response_id=response_id, attempt=0, batch_count=len(parts),
+                                        finish_reason="stop", prompt_tokens=10,
+                                        output_tokens=sum(len(part) for part in parts))
+    return batches
+
+
 HELD_MODEL = "steno-held"
 
 
@@ -244,7 +260,6 @@ async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, d
     Postgres for the response to end."""
     import nats
 
-    from steno.schemas.bus import GenerationEnded, ParserSeed, TokenBatch
     from steno.schemas.responses import ParseContext
     from steno.services.common.bus import Names
     from steno.services.common.db import create_pool
@@ -272,12 +287,7 @@ async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, d
         quarter = len(tokens) // 4
         parts = [tokens[:quarter], tokens[quarter:2 * quarter], tokens[2 * quarter:3 * quarter],
                  tokens[3 * quarter:]]
-        batches = [TokenBatch(response_id=response_id, attempt=0, batch_no=i, token_ids=part) for i, part in
-                   enumerate(parts)]
-        batches[0].parser_seed = ParserSeed(base_snapshot=base_snapshot, parse_context=parse_context,
-                                            chain_head=chain_head.hex())
-        batches[3].ended = GenerationEnded(response_id=response_id, attempt=0, batch_count=4, finish_reason="stop",
-                                           prompt_tokens=10, output_tokens=len(tokens))
+        batches = batches_as_a_worker_sends(response_id, parts, base_snapshot, parse_context, chain_head)
         names = Names(settings.namespace, settings.token_partitions)
         nc = await nats.connect(settings.nats_url)
         try:
@@ -316,3 +326,56 @@ async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, d
         assert await asyncio.to_thread(reparses_identically, stack.settings, response_id)
     finally:
         worker.stop()
+
+
+async def test_a_batch_whose_predecessor_never_comes_fails_its_response(stack, client, db, settings):
+    """A batch that stays ahead of everything stored for its response, delivery after
+    delivery, follows one that is not coming (lost by the bus, say): the response fails
+    visibly, with that end recorded, instead of waiting in_progress for good. No worker
+    takes part: the test stores the response and publishes its batches, but one."""
+    import nats
+
+    from steno.schemas.api import CreateResponseRequest
+    from steno.services.api.response_plan import plan_response
+    from steno.services.api.store import ResponseStore
+    from steno.services.common.bus import Names
+    from steno.services.common.db import create_pool
+    from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
+    from steno.services.parser.service import MAX_RETRY_DELAY_S, STRANDED_DELIVERIES
+    from tests.conftest import reparses_identically
+
+    harmony = dialect_named(DEFAULT_DIALECT)
+    request = CreateResponseRequest(model=MODEL, input="a gap in the middle", background=True)
+    plan = plan_response(request, f"resp_stranded{settings.namespace}", "a", 1_700_000_000,
+                         harmony.render(request, 1_700_000_000))
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        chain_head = await ResponseStore(pool).create(plan.record, plan.first_events)
+    finally:
+        await pool.close()
+    response_id = plan.record.response_id
+    tokens = harmony.write_completion([CompletionMessage("final", "never quite whole")])
+    third = len(tokens) // 3
+    batches = batches_as_a_worker_sends(response_id, [tokens[:third], tokens[third:2 * third], tokens[2 * third:]],
+                                        plan.record.base_snapshot, plan.record.parse_context, chain_head)
+    names = Names(settings.namespace, settings.token_partitions)
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        for batch in (batches[0], batches[2]):  # the middle one is lost
+            await js.publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
+    finally:
+        await nc.close()
+    deadline = time.monotonic() + STRANDED_DELIVERIES * MAX_RETRY_DELAY_S + 30
+    while (status := await db.fetchval("SELECT status FROM responses WHERE id = $1", response_id)) in (
+            "queued", "in_progress"):
+        assert time.monotonic() < deadline, "the response still waits for the lost batch"
+        await asyncio.sleep(0.5)
+    assert status == "failed"
+    failed = client.responses.retrieve(response_id)
+    assert failed.status == "failed"
+    assert "never reached the parser" in failed.error.message
+    seqs = [r[0] for r in await db.fetch("SELECT seq FROM response_log WHERE response_id = $1 ORDER BY seq",
+                                         response_id)]
+    assert seqs == list(range(len(seqs)))
+    assert await asyncio.to_thread(reparses_identically, stack.settings, response_id)

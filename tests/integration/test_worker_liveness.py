@@ -1,16 +1,28 @@
 """A live worker keeps the requests it holds for as long as it generates them: its
-heartbeats hold off redelivery however many ack waits a generation lasts, so another
-worker never takes a live one's request over."""
+heartbeats hold off redelivery however many ack waits a generation lasts, and however
+slow the bus answers its other reads, so another worker never takes a live one's
+request over. A request that fails on every delivery ends visibly."""
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 
 import asyncpg
 import openai
+import orjson
 import pytest
 
 from steno.infra.processes import Stack, remove_namespace
+from steno.schemas.api import CreateResponseRequest
+from steno.schemas.bus import GenerationRequest
+from steno.schemas.ids import new_response_id
+from steno.services.common import bus
 from steno.services.common.in_progress import ACK_WAIT_S
+from steno.services.common.kv_mirror import KvMirror
+from steno.services.dialects import DEFAULT_DIALECT, dialect_named
+from steno.services.worker import worker as worker_module
+from steno.services.worker.prior_output import read_prior_output
+from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +64,106 @@ def test_a_generation_lasting_several_ack_waits_stays_with_its_worker(settings, 
     finally:
         stack.stop()
         remove_namespace(stack.settings)
+
+
+HELD = 64
+
+
+@asynccontextmanager
+async def worker_in_process(settings, suffix: str, engine, **options):
+    """A GenerationWorker of ``MODEL`` on ``engine`` in this process, in a namespace of its
+    own, once its consumer is in place: yields the test's JetStream context and names."""
+    names = bus.Names(settings.namespace + suffix, settings.token_partitions)
+    nc = await bus.connect(settings, f"test-worker-{suffix}")
+    js = nc.jetstream()
+    worker = worker_module.GenerationWorker(nc, names, MODEL, engine, dialect=DEFAULT_DIALECT, instance_id=suffix,
+                                            **options)
+    running = asyncio.create_task(worker.run())
+    try:
+        await bus.ensure_streams(js, names)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                await js.consumer_info(names.gen_stream, names.worker_consumer(MODEL))
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the worker's consumer never appeared"
+                await asyncio.sleep(0.1)
+        yield js, names
+    finally:
+        await worker.stop(1.0)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await bus.remove_namespace(js, names)
+        await nc.close()
+
+
+async def test_a_worker_keeps_many_held_requests_while_its_cancel_reads_are_slow(settings, monkeypatch):
+    """On a loaded bus every read is slow. The worker's own check of its running
+    requests' cancel flags then takes long, and the beats that keep those requests from
+    redelivery must not wait for it: a request redelivered while its worker lives is
+    generated twice, and the second attempt cannot continue what the first publishes."""
+    read = KvMirror.fetch
+
+    async def slow_read(self, key):
+        await asyncio.sleep(0.05)
+        return await read(self, key)
+
+    monkeypatch.setattr(KvMirror, "fetch", slow_read)
+    monkeypatch.setattr(worker_module, "CANCEL_CHECK_S", 1.0)
+    dialect = dialect_named(DEFAULT_DIALECT)
+    # Long generations: every one of them is still running when the checks come. Free
+    # slots beside them, so that a request redelivered would be taken at once.
+    engine = SimulatorEngine(dialect, SimulatorTiming(tokens_per_s=5), answer_tokens=200)
+    async with worker_in_process(settings, "beats", engine, concurrency=2 * HELD) as (js, names):
+        prompt = dialect.render(CreateResponseRequest(model=MODEL, input="hold on"), 1_700_000_000).token_ids
+        for _ in range(HELD):
+            request = GenerationRequest(response_id=new_response_id(), model=MODEL, prompt_token_ids=prompt)
+            await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        # Two direct checks of 64 slow reads each, one after another more than the ack wait.
+        await asyncio.sleep(2 + 3 * ACK_WAIT_S)
+        info = await js.consumer_info(names.gen_stream, names.worker_consumer(MODEL))
+        assert info.num_ack_pending == HELD  # all still generating here
+        assert info.num_redelivered == 0
+
+
+class BrokenEngine:
+    """Fails every request in a way the worker does not expect of an engine (not an
+    EngineError): a bug, or a request that breaks it."""
+
+    name = "broken"
+    context_tokens = 4096
+
+    async def generate(self, request_id, prompt_token_ids, sampling, prior_output=()):
+        raise RuntimeError("engine bug")
+        yield  # an async generator, as engines are
+
+    async def abort(self, request_id):
+        return None
+
+    async def wait_until_dead(self):
+        await asyncio.Event().wait()
+
+    async def close(self):
+        return None
+
+
+async def test_a_request_that_fails_on_every_delivery_ends_visibly(settings):
+    """Its last delivery publishes the response's end, an error, instead of leaving
+    JetStream to drop the request and the response to wait for good."""
+    async with worker_in_process(settings, "broken", BrokenEngine()) as (js, names):
+        response_id = new_response_id()
+        request = GenerationRequest(response_id=response_id, model=MODEL, prompt_token_ids=[1, 2, 3])
+        await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        # Handed back after each failure (a second's delay), then given up.
+        deadline = time.monotonic() + worker_module.MAX_DELIVER * 3
+        while not (prior := await read_prior_output(js, names, response_id)).ended:
+            assert time.monotonic() < deadline, "no end was published"
+            await asyncio.sleep(0.5)
+        subscription = await js.pull_subscribe(names.tokens_subject(response_id), stream=names.tokens_stream)
+        [message] = await subscription.fetch(1, timeout=5)
+        ended = orjson.loads(message.data)
+        assert ended["kind"] == "ended" and ended["finish_reason"] == "error"
+        assert ended["attempt"] == worker_module.MAX_DELIVER - 1
+        assert "every delivery" in ended["error_message"]
+        assert prior.token_ids == []
