@@ -148,51 +148,52 @@ class ConversationStore:
 
     async def items(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every item of the conversation, in order."""
-        rows = await self._pool.fetch(_VISIBLE + " SELECT item FROM visible ORDER BY at, sub", conversation_id,
-                                      _TERMINAL)
-        return [orjson.loads(row[0]) for row in rows]
+        return await self._visible(conversation_id)
 
     async def item(self, conversation_id: str, item_id: str) -> dict[str, Any] | None:
-        row = await self._pool.fetchval(
-            _VISIBLE + " SELECT item FROM visible WHERE item_id = $3 ORDER BY at, sub LIMIT 1",
-            conversation_id, _TERMINAL, item_id,
-        )
-        return None if row is None else orjson.loads(row)
+        return next((item for item in await self._visible(conversation_id) if item.get("id") == item_id), None)
 
     async def items_page(self, conversation_id: str, after: str | None, limit: int,
                          descending: bool) -> ItemsPage | None:
         """Up to ``limit`` items after the item ``after`` (in the order asked for); None
         when ``after`` names no item of the conversation."""
-        order = "DESC" if descending else "ASC"
-        if after is None:
-            rows = await self._pool.fetch(
-                _VISIBLE + f" SELECT item FROM visible ORDER BY at {order}, sub {order} LIMIT $3",
-                conversation_id, _TERMINAL, limit + 1,
-            )
-        else:
-            compare = "<" if descending else ">"
-            rows = await self._pool.fetch(
-                _VISIBLE + ", anchor AS (SELECT at, sub FROM visible WHERE item_id = $3 ORDER BY at, sub LIMIT 1)"
-                " SELECT v.item, a.at FROM anchor AS a LEFT JOIN visible AS v"
-                f"   ON (v.at, v.sub) {compare} (a.at, a.sub)"
-                f" ORDER BY v.at {order}, v.sub {order} LIMIT $4",
-                conversation_id, _TERMINAL, after, limit + 1,
-            )
-            if not rows:  # no anchor: ``after`` is no item of the conversation
+        items = await self._visible(conversation_id)
+        if after is not None:
+            anchor = next((index for index, item in enumerate(items) if item.get("id") == after), None)
+            if anchor is None:
                 return None
-            rows = [row for row in rows if row[0] is not None]
-        items = [orjson.loads(row[0]) for row in rows]
+            items = items[:anchor] if descending else items[anchor + 1:]
+        if descending:
+            items.reverse()
         return ItemsPage(items[:limit], has_more=len(items) > limit)
 
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
         """Leaves the item out of the conversation from now on; False when it is not one
         of its items."""
+        if not any(item.get("id") == item_id for item in await self._visible(conversation_id)):
+            return False
         return bool(await self._pool.fetchval(
-            _VISIBLE + " INSERT INTO conversation_deleted_items (conversation_id, item_id)"
-            " SELECT $1, $3 WHERE EXISTS (SELECT 1 FROM visible WHERE item_id = $3)"
+            "INSERT INTO conversation_deleted_items (conversation_id, item_id) VALUES ($1, $2)"
             " ON CONFLICT DO NOTHING RETURNING true",
-            conversation_id, _TERMINAL, item_id,
+            conversation_id, item_id,
         ))
+
+    async def _visible(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The conversation's items in order, deleted ones left out. A response's output
+        items are picked out of its snapshot here, not by Postgres: its JSON operators
+        refuse the escape \\u0000, which a model may emit."""
+        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            entries = await conn.fetch(_ENTRIES, conversation_id, _TERMINAL)
+            deleted = {row[0] for row in await conn.fetch(
+                "SELECT item_id FROM conversation_deleted_items WHERE conversation_id = $1", conversation_id)}
+        items: list[dict[str, Any]] = []
+        for kind, text in entries:
+            entry = orjson.loads(text)
+            if kind == "response_output":
+                items.extend(item for item in entry.get("output") or [] if isinstance(item, dict))
+            else:
+                items.append(entry)
+        return [item for item in items if item.get("id") not in deleted]
 
 
 async def _lock(conn: Connection, conversation_id: str, tenant_id: str) -> None:
@@ -227,25 +228,15 @@ async def _insert_items(conn: Connection, conversation_id: str, first_position: 
         )
 
 
-# A conversation's items ($1) as (at: the entry's position, sub: the item's place in a
-# response's output, item_id, item), a response's output once it has ended ($2: the
-# terminal statuses), deleted items left out.
-_VISIBLE = """
-WITH visible AS (
-    SELECT at, sub, item_id, item FROM (
-        SELECT e.position AS at, 0::bigint AS sub, e.item_id, e.item::text AS item
-        FROM conversation_entries AS e
-        WHERE e.conversation_id = $1 AND e.kind <> 'response_output'
-        UNION ALL
-        SELECT e.position, o.sub, o.value ->> 'id', o.value::text
-        FROM conversation_entries AS e
-        JOIN responses AS r ON r.id = e.response_id AND r.status = ANY($2::text[]),
-             json_array_elements(r.snapshot::json -> 'output') WITH ORDINALITY AS o(value, sub)
-        WHERE e.conversation_id = $1 AND e.kind = 'response_output'
-    ) AS entries
-    WHERE NOT EXISTS (SELECT 1 FROM conversation_deleted_items AS d
-                      WHERE d.conversation_id = $1 AND d.item_id = entries.item_id)
-)
+# A conversation's entries ($1) in order: an item, or the final snapshot of a response
+# whose output stands in the conversation once the response has ended ($2: the
+# terminal statuses).
+_ENTRIES = """
+SELECT e.kind, coalesce(e.item::text, r.snapshot::text)
+FROM conversation_entries AS e
+LEFT JOIN responses AS r ON e.kind = 'response_output' AND r.id = e.response_id AND r.status = ANY($2::text[])
+WHERE e.conversation_id = $1 AND (e.kind <> 'response_output' OR r.snapshot IS NOT NULL)
+ORDER BY e.position
 """
 
 # A response of the conversation ($1) that has not ended ($2: the terminal statuses),

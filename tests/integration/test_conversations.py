@@ -222,6 +222,27 @@ def test_a_streamed_turn_is_appended_too(client):
     assert texts(listed(client, conversation.id)) == ["streamed", REPLY + "streamed"]
 
 
+async def test_an_output_holding_a_nul_is_listed_retrieved_and_deleted(client, db):
+    """A model may emit the byte 0; its response's output is stored as said (see
+    test_parser_isolation), and the conversation's items are read past it."""
+    conversation = client.conversations.create(items=[said("before")])
+    turn = client.responses.create(model=MODEL, input="spoken", conversation=conversation.id)
+    await db.execute("UPDATE responses SET snapshot = replace(snapshot::text, $2, $3)::json WHERE id = $1",
+                     turn.id, REPLY, REPLY + "\\u0000")
+    client.conversations.items.create(conversation.id, items=[said("after")])
+    items = listed(client, conversation.id)
+    assert texts(items) == ["before", "spoken", REPLY + "\x00spoken", "after"]
+    message = items[-2]
+    assert client.conversations.items.retrieve(message.id, conversation_id=conversation.id) == message
+    newest = client.conversations.items.list(conversation.id, after=items[-1].id, limit=1)
+    assert [item.id for item in newest.data] == [message.id] and newest.has_more
+    # It is history to the next turn like any other output.
+    following = client.responses.create(model=MODEL, input="next", conversation=conversation.id)
+    assert following.status == "completed"
+    client.conversations.items.delete(message.id, conversation_id=conversation.id)
+    assert texts(listed(client, conversation.id)) == ["before", "spoken", "after", "next", REPLY + "next"]
+
+
 def test_a_conversation_continues_on_another_replica(stack):
     first_replica = openai.OpenAI(base_url=stack.url_of(0), api_key=stack.keys["a"], max_retries=0)
     second_replica = openai.OpenAI(base_url=stack.url_of(1), api_key=stack.keys["a"], max_retries=0)
