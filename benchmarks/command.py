@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steady-limit-ms", type=float, default=50.0,
                         help="added p99 per delta that the search for the most streams keeps under (steady)")
     parser.add_argument("--steady-max-streams", type=int, default=1024, help="where that search stops (steady)")
+    parser.add_argument("--steady-batch-interval-ms", type=float, default=20.0,
+                        help="the steady worker's token batch coalescing window (steady)")
     parser.add_argument("--vllm-levels", default="1,16", help="concurrent streams, vLLM side by side")
     parser.add_argument("--vllm-max-tokens", type=int, default=64)
     parser.add_argument("--vllm-rounds", type=int, default=6, help="rounds of streams per level")

@@ -720,7 +720,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 results["steady"] = await steady(bench, [int(x) for x in args.steady_levels.split(",")],
                                                  args.steady_tokens, args.steady_rate, args.steady_limit_ms,
-                                                 args.steady_max_streams)
+                                                 args.steady_max_streams, args.steady_batch_interval_ms)
         finally:
             await bench.stop()
     machine["yardstick_ms_after"] = round(yardstick_ms(), 3)

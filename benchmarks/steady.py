@@ -353,16 +353,18 @@ def _line(name: str, level: int, side: dict[str, Any]) -> str:
 
 
 async def steady(bench: Bench, levels: list[int], tokens: int, rate: float, limit_ms: float,
-                 max_streams: int) -> dict[str, Any]:
+                 max_streams: int, batch_interval_ms: float) -> dict[str, Any]:
     bench.stack.add("worker-steady", "worker", "--model", STEADY_MODEL, "--sim-tokens-per-s", str(rate),
-                    "--sim-answer-tokens", str(tokens), "--concurrency", str(max(max_streams, *levels)))
+                    "--sim-answer-tokens", str(tokens), "--concurrency", str(max(max_streams, *levels)),
+                    "--batch-interval-ms", str(batch_interval_ms))
     port = free_port()
     baseline = await bench.start_baseline("baseline-steady", port, "--sim-tokens-per-s", str(rate),
                                           "--sim-answer-tokens", str(tokens), "--record-emissions")
     follower, announcements = BatchFollower(), AnnouncementFollower()
     nc = await connect(bench.settings, "steno-bench-steady")
     conn = await asyncpg.connect(bench.database_url)
-    out: dict[str, Any] = {"tokens": tokens, "tokens_per_s": rate, "limit_ms": limit_ms, "levels": {}}
+    out: dict[str, Any] = {"tokens": tokens, "tokens_per_s": rate, "limit_ms": limit_ms,
+                           "batch_interval_ms": batch_interval_ms, "levels": {}}
     try:
         await nc.subscribe(f"{bench.settings.namespace}.tokens.>", cb=follower.on_message)
         await nc.subscribe(f"{bench.settings.namespace}.events.>", cb=announcements.on_message)
