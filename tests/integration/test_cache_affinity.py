@@ -9,7 +9,7 @@ import time
 import nats
 import openai
 import pytest
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 
 from steno.infra.processes import Stack
 from steno.services.common.bus import Names, model_token
@@ -38,7 +38,13 @@ def shard_holders(settings) -> dict[str, str]:
                 keys = [key for key in await bucket.keys() if key.startswith(prefix)]
             except (BucketNotFoundError, NoKeysError):
                 return {}
-            return {key: (await bucket.get(key)).value.decode() for key in keys}
+            holders = {}
+            for key in keys:
+                try:
+                    holders[key] = (await bucket.get(key)).value.decode()
+                except KeyNotFoundError:  # released between the listing and the read: no holder now
+                    continue
+            return holders
         finally:
             await nc.close()
     return asyncio.run(read())
