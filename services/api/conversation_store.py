@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 from asyncpg.pool import PoolConnectionProxy
 
-from steno.services.api.store import TERMINAL_STATUSES
+from steno.services.api.store import TERMINAL_STATUSES, output_items
 from steno.services.common.db import unnest_columns
 
 _TERMINAL = sorted(TERMINAL_STATUSES)
@@ -179,20 +179,11 @@ class ConversationStore:
         ))
 
     async def _visible(self, conversation_id: str) -> list[dict[str, Any]]:
-        """The conversation's items in order, deleted ones left out. A response's output
-        items are picked out of its snapshot here, not by Postgres: its JSON operators
-        refuse the escape \\u0000, which a model may emit."""
-        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            entries = await conn.fetch(_ENTRIES, conversation_id, _TERMINAL)
-            deleted = {row[0] for row in await conn.fetch(
-                "SELECT item_id FROM conversation_deleted_items WHERE conversation_id = $1", conversation_id)}
-        items: list[dict[str, Any]] = []
-        for kind, text in entries:
-            entry = orjson.loads(text)
-            if kind == "response_output":
-                items.extend(item for item in entry.get("output") or [] if isinstance(item, dict))
-            else:
-                items.append(entry)
+        """The conversation's items in order, deleted ones left out."""
+        entries = await self._pool.fetch(_ENTRIES, conversation_id, _TERMINAL)
+        deleted = set(entries[0][2] or ()) if entries else set()
+        items = [item for kind, text, _ in entries
+                 for item in (output_items(text) if kind == "response_output" else [orjson.loads(text)])]
         return [item for item in items if item.get("id") not in deleted]
 
 
@@ -230,9 +221,10 @@ async def _insert_items(conn: Connection, conversation_id: str, first_position: 
 
 # A conversation's entries ($1) in order: an item, or the final snapshot of a response
 # whose output stands in the conversation once the response has ended ($2: the
-# terminal statuses).
+# terminal statuses); each row also carries the ids of the conversation's deleted items.
 _ENTRIES = """
-SELECT e.kind, coalesce(e.item::text, r.snapshot::text)
+SELECT e.kind, coalesce(e.item::text, r.snapshot::text),
+       (SELECT array_agg(d.item_id) FROM conversation_deleted_items AS d WHERE d.conversation_id = $1)
 FROM conversation_entries AS e
 LEFT JOIN responses AS r ON e.kind = 'response_output' AND r.id = e.response_id AND r.status = ANY($2::text[])
 WHERE e.conversation_id = $1 AND (e.kind <> 'response_output' OR r.snapshot IS NOT NULL)

@@ -85,6 +85,13 @@ def _conversation_of(request: dict[str, Any]) -> str | None:
     return named if isinstance(named, str) else None
 
 
+def output_items(snapshot: str | None) -> list[dict[str, Any]]:
+    """The output items of a stored snapshot's text. Read here, not with Postgres's JSON
+    operators: they refuse the escape \\u0000, which a model may emit."""
+    output = (orjson.loads(snapshot) if snapshot is not None else {}).get("output") or []
+    return [item for item in output if isinstance(item, dict)]
+
+
 class ResponseStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -204,8 +211,7 @@ class ResponseStore:
             if rank == 1:
                 found[item_id] = orjson.loads(text)
                 continue
-            output = (orjson.loads(text) if text is not None else {}).get("output") or []
-            item = next((item for item in output if isinstance(item, dict) and item.get("id") == item_id), None)
+            item = next((item for item in output_items(text) if item.get("id") == item_id), None)
             if item is not None:
                 found[item_id] = item
         return found
