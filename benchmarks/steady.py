@@ -5,11 +5,12 @@ by side, started over one second as independent clients would. The simulator, li
 batched engine, gives every running stream its next token on one step clock.
 
 Added latency per delta: when a content delta (any ``response.*.delta`` event) reached
-the client, against when the engine emitted the batch that produced it. Steno's batches
-are read off the bus (a core NATS subscription to the namespace's token subjects sees
-every batch a worker publishes) with ``TokenBatch.emitted_at``, the worker's clock when
-the batch's last token was emitted; a batch without it (a worker that does not stamp its
-batches) counts from when it reached the bus, which leaves the worker's coalescing out.
+the client, against when the engine emitted the first token of the batch that produced
+it, the token that waited longest. Steno's batches are read off the bus (a core NATS
+subscription to the namespace's token subjects sees every batch a worker publishes) with
+``TokenBatch.first_emitted_at``, the worker's clock when the batch's first token was
+emitted (from a worker that stamps only the last, ``emitted_at``); a batch with neither
+counts from when it reached the bus, which leaves the worker's coalescing out.
 The baseline records the same for each of its engine's outputs (``--record-emissions``)
 and hands them out per response. Both clocks are this machine's wall clock.
 
@@ -205,8 +206,11 @@ class BatchFollower:
             if message.get("kind") != "tokens" or not message["token_ids"]:
                 continue
             batches += 1
-            stamped += message.get("emitted_at") is not None
-            at = message.get("emitted_at") or observed_at
+            # The batch's first token waited longest; a worker that stamps only the last
+            # (before first_emitted_at) is measured from that.
+            emitted_at = message.get("first_emitted_at") or message.get("emitted_at")
+            stamped += emitted_at is not None
+            at = emitted_at or observed_at
             key = (message["attempt"], message["batch_no"])
             by_response.setdefault(message["response_id"], {}).setdefault(
                 key, Emission(at, message["token_ids"], on_bus=observed_at))

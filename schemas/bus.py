@@ -119,9 +119,11 @@ class TokenBatch(BaseModel):
     # On the last batch of an attempt: the attempt's end (batch_count = batch_no + 1),
     # one message instead of two.
     ended: GenerationEnded | None = None
-    # When the engine emitted the batch's last token (unix seconds, the worker's clock):
-    # what a client's arrival time is measured against (``steno bench --scenarios steady``).
+    # When the engine emitted the batch's last token (unix seconds, the worker's clock).
     emitted_at: float | None = None
+    # When it emitted the batch's first token: how long the longest-waiting token took to
+    # reach a client is measured from here (``steno bench --scenarios steady``).
+    first_emitted_at: float | None = None
 
 
 # What a response's token subject carries.

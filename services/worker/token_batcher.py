@@ -16,12 +16,16 @@ class PendingBatch:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    # When the engine emitted the last token added (unix seconds): TokenBatch.emitted_at.
+    # When the engine emitted the first and the last token added (unix seconds):
+    # TokenBatch.first_emitted_at and emitted_at.
+    first_emitted_at: float | None = None
     emitted_at: float | None = None
 
     def add(self, output: EngineOutput, emitted_at: float) -> None:
         self.token_ids += output.token_ids
         if output.token_ids:
+            if self.first_emitted_at is None:
+                self.first_emitted_at = emitted_at
             self.emitted_at = emitted_at
         if output.logprobs is not None:
             self.logprobs = (self.logprobs or []) + output.logprobs

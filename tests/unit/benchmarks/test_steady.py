@@ -103,16 +103,19 @@ def test_a_reply_gives_its_id_and_content_deltas_on_the_wall_clock():
     assert delta_frames(frames, 100.0) == ("resp_1", [(102.0, "think"), (103.0, "hi")])
 
 
-def test_the_follower_orders_batches_and_prefers_the_workers_emission_time():
+def test_the_follower_orders_batches_and_prefers_the_workers_first_emission_time():
     follower = BatchFollower()
     batch = {"kind": "tokens", "response_id": "r", "attempt": 0, "token_ids": [5]}
     follower.received = [(10.0, orjson.dumps({**batch, "batch_no": 1, "emitted_at": 9.5})),
                          (11.0, orjson.dumps({**batch, "batch_no": 0})),
                          (12.0, orjson.dumps({**batch, "batch_no": 1, "emitted_at": 9.5})),  # redelivered
-                         (13.0, orjson.dumps({**batch, "batch_no": 2, "token_ids": []}))]  # a keepalive
+                         (13.0, orjson.dumps({**batch, "batch_no": 2, "token_ids": []})),  # a keepalive
+                         (14.0, orjson.dumps({**batch, "batch_no": 3, "token_ids": [6, 7],
+                                              "first_emitted_at": 13.2, "emitted_at": 13.6}))]
     by_response, batches, stamped = follower.take()
-    assert by_response == {"r": [Emission(11.0, [5], on_bus=11.0), Emission(9.5, [5], on_bus=10.0)]}
-    assert (batches, stamped) == (3, 2)
+    assert by_response == {"r": [Emission(11.0, [5], on_bus=11.0), Emission(9.5, [5], on_bus=10.0),
+                                 Emission(13.2, [6, 7], on_bus=14.0)]}
+    assert (batches, stamped) == (4, 3)
     assert follower.received == []
 
 

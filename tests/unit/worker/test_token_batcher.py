@@ -149,7 +149,7 @@ def test_the_last_batch_is_returned_to_go_out_with_the_end():
     assert tail.token_ids == [2, 3] and last.finish_reason == "length"
 
 
-def test_each_batch_carries_when_its_last_token_was_emitted():
+def test_each_batch_carries_when_its_first_and_last_tokens_were_emitted():
     yielded_at: dict[int, float] = {}
     flushed = []
 
@@ -160,16 +160,19 @@ def test_each_batch_carries_when_its_last_token_was_emitted():
             yield EngineOutput([i], finish_reason="stop" if i == 5 else None)
 
     async def flush(batch):
-        flushed.append((list(batch.token_ids), batch.emitted_at))
+        flushed.append((list(batch.token_ids), batch.first_emitted_at, batch.emitted_at))
 
     async def go():
         _, tail = await coalesce(timed_source(), flush, 0.025, 100, keepalive_s=0.005, eager_tokens=2)
-        flushed.append((list(tail.token_ids), tail.emitted_at))
+        flushed.append((list(tail.token_ids), tail.first_emitted_at, tail.emitted_at))
 
     asyncio.run(go())
-    with_tokens = [(tokens, emitted_at) for tokens, emitted_at in flushed if tokens]
-    assert sum((tokens for tokens, _ in with_tokens), []) == list(range(6))
-    for tokens, emitted_at in with_tokens:
-        last = tokens[-1]
+    with_tokens = [batch for batch in flushed if batch[0]]
+    assert sum((tokens for tokens, _, _ in with_tokens), []) == list(range(6))
+    assert any(len(tokens) > 1 for tokens, _, _ in with_tokens)  # the first and the last differ somewhere
+    for tokens, first_emitted_at, emitted_at in with_tokens:
+        first, last = tokens[0], tokens[-1]
+        assert yielded_at[first] <= first_emitted_at < yielded_at.get(first + 1, float("inf"))
         assert yielded_at[last] <= emitted_at < yielded_at.get(last + 1, float("inf"))
-    assert all(emitted_at is None for tokens, emitted_at in flushed if not tokens)  # keepalives emit nothing
+    # keepalives emit nothing
+    assert all(first is None and last is None for tokens, first, last in flushed if not tokens)
