@@ -14,7 +14,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.events import LoggedEvent
-from steno.services.common.db import UNSTORED_GRACE, unnest_columns
+from steno.services.common.db import PLAN_EACH_EXECUTION, UNSTORED_GRACE, create_pool, unnest_columns
 from steno.services.common.metrics import COMMIT_BATCH, COMMIT_LATENCY
 
 
@@ -73,6 +73,14 @@ def _stored_message(response_id: str, row: list) -> TokenStreamMessage:
         top_logprobs=logprobs.get("top_logprobs"),
         ended=end,
     )
+
+
+async def create_parser_pool(url: str, partitions: int) -> asyncpg.Pool:
+    """The parser's connections: one per partition it may hold, so commits never queue
+    for a connection. Each statement is planned as it runs: the commit and the load name
+    their rows by arrays of ids in tables that grow under the parser's long-lived
+    connections."""
+    return await create_pool(url, max_size=partitions + 2, server_settings=PLAN_EACH_EXECUTION)
 
 
 class EventLog:

@@ -8,7 +8,7 @@ import logging
 from functools import partial
 
 from steno.services import dialects
-from steno.services.common import bus, db
+from steno.services.common import bus
 from steno.services.common.config import ParserSettings
 from steno.services.common.health import (
     Readiness,
@@ -21,6 +21,7 @@ from steno.services.common.logs import configure_logging
 from steno.services.common.probe_server import serve_probes
 from steno.services.common.runtime import instance_id, run_until_signalled
 from steno.services.common.tracing import configure_tracing
+from steno.services.parser.event_log import create_parser_pool
 from steno.services.parser.service import ParserService
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,7 @@ def run(args: argparse.Namespace) -> None:
     async def main(stop: asyncio.Event) -> None:
         dialects.load_all()
         nc = await bus.connect(settings, "steno-parser")
-        # One connection per partition it may hold, so commits never queue for a connection.
-        pool = await db.create_pool(settings.database_url, max_size=settings.token_partitions + 2)
+        pool = await create_parser_pool(settings.database_url, settings.token_partitions)
         parser_id = instance_id()
         names = bus.Names.from_settings(settings)
         service = ParserService(nc, pool, names, parser_id)
