@@ -4,6 +4,8 @@ transaction."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,7 +118,7 @@ class EventLog:
         the same either way."""
         events = [(w.response_id, e.seq, e.type, e.payload, e.hash) for w in writes for e in w.events]
         tokens = [_token_row(w.response_id, m) for w in writes for m in w.consumed]
-        started = [w.response_id for w in writes if w.started and w.final_snapshot is None]
+        started = [(w.response_id,) for w in writes if w.started and w.final_snapshot is None]
         finals = [
             (w.response_id, w.final_snapshot["status"], orjson.dumps(w.final_snapshot).decode(),
              orjson.dumps(w.final_snapshot.get("usage")).decode(), orjson.dumps(w.final_snapshot.get("error")).decode())
@@ -126,13 +128,17 @@ class EventLog:
         # Output items by id, for item_reference (migration 0007).
         items = [(item["id"], w.response_id) for w in writes if w.final_snapshot is not None
                  for item in w.final_snapshot.get("output", []) if isinstance(item.get("id"), str)]
-        columns = (*unnest_columns(events, 5), *unnest_columns(tokens, 6), started, *unnest_columns(finals, 5),
-                   *unnest_columns(items, 2))
+        rows_of_parts: tuple[list[tuple[Any, ...]], ...] = (events, tokens, started, finals, items)
+        rows_by_part = [(part, rows) for part, rows in zip(_PARTS, rows_of_parts) if rows]
+        if not rows_by_part:
+            return
+        parts = tuple(part for part, _ in rows_by_part)
+        columns = [column for part, rows in rows_by_part for column in unnest_columns(rows, len(part.types))]
         started_at = time.perf_counter()
         try:
-            await self._pool.execute(_COMMIT, *columns)
+            await self._pool.execute(_commit_statement(parts, skipping_stored=False), *columns)
         except asyncpg.UniqueViolationError:
-            await self._pool.execute(_COMMIT_SKIPPING_STORED, *columns)
+            await self._pool.execute(_commit_statement(parts, skipping_stored=True), *columns)
         COMMIT_LATENCY.observe(time.perf_counter() - started_at)
         COMMIT_BATCH.observe(len(writes))
 
@@ -147,43 +153,65 @@ FROM responses AS r WHERE r.id = ANY($1::text[])
 """
 
 
-def _commit_statement(on_conflict: str, events_stored: str = "") -> str:
-    return f"""
-WITH new_events AS (
+@dataclass(frozen=True)
+class _Part:
+    """One part of the commit's statement: a CTE whose rows come as arrays, one per
+    column (``{arrays}`` in ``sql``), typed ``types``."""
+
+    sql: str
+    types: tuple[str, ...]
+
+
+_EVENTS = _Part("""new_events AS (
     INSERT INTO response_events (response_id, seq, type, payload, hash)
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[]) AS u(r, s, t, p, h)
+    SELECT * FROM unnest({arrays}) AS u(r, s, t, p, h)
     {events_stored}
     {on_conflict}
-), new_tokens AS (
+)""", ("text", "int", "text", "text", "bytea"))
+_TOKENS = _Part("""new_tokens AS (
     INSERT INTO response_tokens (response_id, attempt, batch_no, token_ids, logprobs, ended)
     SELECT r, a, b, t::int[], l::json, e::json
-    FROM unnest($6::text[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[]) AS u(r, a, b, t, l, e)
+    FROM unnest({arrays}) AS u(r, a, b, t, l, e)
     {on_conflict}
-), started AS (
+)""", ("text", "int", "int", "text", "text", "text"))
+_STARTED = _Part("""started AS (
     UPDATE responses SET status = 'in_progress', updated_at = now()
-    WHERE id = ANY($12::text[]) AND status = 'queued'
-), finished AS (
+    WHERE id = ANY({arrays}) AND status = 'queued'
+)""", ("text",))
+_FINISHED = _Part(f"""finished AS (
     UPDATE responses AS r
     SET status = f.status, snapshot = f.snapshot::json, usage = f.usage::json, error = f.error::json,
         completed_at = now(), updated_at = now(),
         -- A response that is not to be stored lives on only for its running stream.
         expires_at = CASE WHEN r.store THEN r.expires_at ELSE now() + interval '{UNSTORED_GRACE}' END
-    FROM unnest($13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
-         AS f(id, status, snapshot, usage, error)
+    FROM unnest({{arrays}}) AS f(id, status, snapshot, usage, error)
     WHERE r.id = f.id
-), indexed_items AS (
+)""", ("text", "text", "text", "text", "text"))
+_ITEMS = _Part("""indexed_items AS (
     INSERT INTO response_output_items (item_id, response_id)
-    SELECT * FROM unnest($18::text[], $19::text[])
+    SELECT * FROM unnest({arrays})
     {on_conflict}
-)
-SELECT 1
-"""
+)""", ("text", "text"))
+_PARTS = (_EVENTS, _TOKENS, _STARTED, _FINISHED, _ITEMS)
 
-
-_COMMIT = _commit_statement("")
 # The rows' key cannot see the events compaction moved into a chunk (migration 0012): a
 # write that comes after its response was compacted (a redelivery long after the end)
 # skips those by their chunks.
-_COMMIT_SKIPPING_STORED = _commit_statement("ON CONFLICT DO NOTHING", """
+_EVENTS_NOT_IN_CHUNKS = """
     WHERE NOT EXISTS (SELECT 1 FROM response_event_chunks AS c
-                      WHERE c.response_id = u.r AND u.s >= c.first_seq AND u.s < c.first_seq + cardinality(c.types))""")
+                      WHERE c.response_id = u.r AND u.s >= c.first_seq AND u.s < c.first_seq + cardinality(c.types))"""
+
+
+@functools.cache
+def _commit_statement(parts: tuple[_Part, ...], skipping_stored: bool) -> str:
+    """The statement of a commit that has rows for ``parts``. A part without rows is
+    left out rather than given empty arrays: the parser's statements are planned as they
+    run, and most commits (a few batches of running responses) hold only events and
+    batches."""
+    numbers = itertools.count(1)
+    ctes = []
+    for part in parts:
+        arrays = ", ".join(f"${next(numbers)}::{type_}[]" for type_ in part.types)
+        ctes.append(part.sql.format(arrays=arrays, on_conflict="ON CONFLICT DO NOTHING" if skipping_stored else "",
+                                    events_stored=_EVENTS_NOT_IN_CHUNKS if skipping_stored else ""))
+    return "WITH " + ",\n".join(ctes) + "\nSELECT 1"

@@ -6,7 +6,10 @@ import asyncio
 import secrets
 
 import asyncpg
+import pytest
 
+from steno.schemas.bus import TokenBatch
+from steno.schemas.events import LoggedEvent
 from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
 from steno.services.parser.event_log import EventLog, ResponseWrite, create_parser_pool
@@ -14,7 +17,7 @@ from tests.conftest import _with_database
 
 _ADD_RESPONSES = """
 INSERT INTO responses (id, tenant_id, model, status, background, store, request, parse_context, base_snapshot)
-SELECT 'resp_' || n, 'tenant', 'model', 'in_progress', false, true, '{}'::json, '{}'::json, '{}'::json
+SELECT 'resp_' || n, 'tenant', 'model', $3, false, true, '{}'::json, '{}'::json, '{}'::json
 FROM generate_series($1::int, $2::int) AS n
 """
 
@@ -32,21 +35,32 @@ def _ending(response_id: str) -> ResponseWrite:
     return ResponseWrite(response_id, final_snapshot={"id": response_id, "status": "completed", "output": []})
 
 
-async def test_endings_are_found_by_key_after_the_table_has_grown_under_the_connection(infrastructure):
-    """A parser's connection lives as long as the parser. Its first commits may meet a
-    nearly empty ``responses`` table; once that table holds thousands of rows, ending a
-    response must still go to its row by the key, not scan the table."""
+@pytest.fixture
+async def fresh_database(infrastructure):
+    """A database of its own: what a test counts there is its own doing."""
     url = _with_database(infrastructure.database_url, f"steno_event_log_{secrets.token_hex(4)}")
     await ensure_database(url)
     await asyncio.to_thread(upgrade, url)
-    admin = await asyncpg.connect(asyncpg_dsn(url))
-    pool = await create_parser_pool(url, partitions=0)
+    yield url
+    admin = await asyncpg.connect(_with_database(asyncpg_dsn(infrastructure.database_url), "postgres"))
     try:
-        await admin.execute(_ADD_RESPONSES, 1, 20)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def test_endings_are_found_by_key_after_the_table_has_grown_under_the_connection(fresh_database):
+    """A parser's connection lives as long as the parser. Its first commits may meet a
+    nearly empty ``responses`` table; once that table holds thousands of rows, ending a
+    response must still go to its row by the key, not scan the table."""
+    admin = await asyncpg.connect(asyncpg_dsn(fresh_database))
+    pool = await create_parser_pool(fresh_database, partitions=0)
+    try:
+        await admin.execute(_ADD_RESPONSES, 1, 20, "in_progress")
         log = EventLog(pool)
         for n in range(1, 11):  # more than enough for Postgres to settle on a plan for the statement
             await log.commit([_ending(f"resp_{n}")])
-        await admin.execute(_ADD_RESPONSES, 21, 5_000)
+        await admin.execute(_ADD_RESPONSES, 21, 5_000, "in_progress")
         scans_before = await _sequential_scans_of_responses(admin, pool)
         for n in range(4_990, 5_000):
             await log.commit([_ending(f"resp_{n}")])
@@ -56,8 +70,30 @@ async def test_endings_are_found_by_key_after_the_table_has_grown_under_the_conn
     finally:
         await pool.close()
         await admin.close()
-        dropper = await asyncpg.connect(_with_database(asyncpg_dsn(infrastructure.database_url), "postgres"))
-        try:
-            await dropper.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        finally:
-            await dropper.close()
+
+
+async def test_a_write_overlapping_what_is_stored_adds_only_the_rest(fresh_database):
+    """Another writer (a parser that has not yet noticed it lost the partition) may have
+    stored part of a write: committing it again stores what was missing, once."""
+    admin = await asyncpg.connect(asyncpg_dsn(fresh_database))
+    pool = await create_parser_pool(fresh_database, partitions=0)
+
+    def batch(batch_no: int) -> TokenBatch:
+        return TokenBatch(response_id="resp_1", attempt=0, batch_no=batch_no, token_ids=[batch_no])
+
+    def event(seq: int) -> LoggedEvent:
+        return LoggedEvent(seq=seq, type="response.output_text.delta", payload=f'{{"seq": {seq}}}', hash=bytes([seq]))
+
+    try:
+        await admin.execute(_ADD_RESPONSES, 1, 1, "queued")
+        log = EventLog(pool)
+        await log.commit([ResponseWrite("resp_1", events=[event(1)], consumed=[batch(0)], started=True)])
+        await log.commit([ResponseWrite("resp_1", events=[event(1), event(2)], consumed=[batch(0), batch(1)])])
+        stored = await admin.fetch("SELECT seq, payload FROM response_events WHERE response_id = 'resp_1' ORDER BY seq")
+        assert [(row["seq"], row["payload"]) for row in stored] == [(1, '{"seq": 1}'), (2, '{"seq": 2}')]
+        batches = await admin.fetch("SELECT batch_no FROM response_tokens WHERE response_id = 'resp_1' ORDER BY 1")
+        assert [row["batch_no"] for row in batches] == [0, 1]
+        assert await admin.fetchval("SELECT status FROM responses WHERE id = 'resp_1'") == "in_progress"
+    finally:
+        await pool.close()
+        await admin.close()
