@@ -129,7 +129,7 @@ class EventLog:
         items = [(item["id"], w.response_id) for w in writes if w.final_snapshot is not None
                  for item in w.final_snapshot.get("output", []) if isinstance(item.get("id"), str)]
         rows_of_parts: tuple[list[tuple[Any, ...]], ...] = (events, tokens, started, finals, items)
-        rows_by_part = [(part, rows) for part, rows in zip(_PARTS, rows_of_parts) if rows]
+        rows_by_part = [(part, rows) for part, rows in zip(_PARTS, rows_of_parts, strict=True) if rows]
         if not rows_by_part:
             return
         parts = tuple(part for part, _ in rows_by_part)
