@@ -54,6 +54,7 @@ from steno.services.common.health import (
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.runtime import freeze_startup_heap
+from steno.services.common.stored_publish import StoredPublisher
 from steno.services.edge import EventReader, ResponseTail
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class Api:
             resources.push_async_callback(nc.close)
             js = nc.jetstream()
             await bus.ensure_streams(js, names)
+            publisher = StoredPublisher(nc)
+            await publisher.start()
+            resources.push_async_callback(publisher.stop)
             workers = KvMirror(await bus.worker_registry(js, names), names.workers_bucket,
                                bus.WORKER_REGISTRATION_TTL_S)
             await workers.start()
@@ -105,7 +109,7 @@ class Api:
                 js, names, lambda: [registration.model for registration in directory.served()]))
             resources.push_async_callback(_cancelled, depths)
             responses = ResponsesService(
-                names=names, js=js, store=store, reader=reader, tail=tail,
+                names=names, js=js, publisher=publisher, store=store, reader=reader, tail=tail,
                 models=directory, renderer=renderer,
                 cancel_flags=await bus.cancel_flags(js, names), request_store=await bus.request_store(js, names),
                 message_limit=bus.message_limit(nc), origin=origin, reasoning_keys=ReasoningKeys(pool),

@@ -52,6 +52,7 @@ from steno.services.common.metrics import CANCEL_LATENCY, CANCELS, StreamTiming,
 from steno.services.common.model_files import ModelFilesMissing, ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.reasoning_seal import SealError, key_id_of
+from steno.services.common.stored_publish import StoredPublisher
 from steno.services.common.tracing import message_headers, traced_stream, tracer
 from steno.services.dialects import Dialect, InvalidInput, RenderedPrompt, UnknownDialect, dialect_for
 from steno.services.edge import KEEPALIVE_S, EventReader, LiveEvents, ResponseTail, sse_body
@@ -117,6 +118,7 @@ class ResponsesService:
         *,
         names: Names,
         js: JetStreamContext,
+        publisher: StoredPublisher,
         store: ResponseStore,
         reader: EventReader,
         tail: ResponseTail,
@@ -135,6 +137,7 @@ class ResponsesService:
         message; a larger generation request goes through ``request_store``."""
         self._names = names
         self._js = js
+        self._publisher = publisher
         self._renderer = renderer
         self._request_store = request_store
         self._message_limit = message_limit
@@ -403,7 +406,7 @@ class ResponsesService:
             await self._request_store.put(generation.response_id, body)
             body = StoredGenerationRequest(response_id=generation.response_id, model=generation.model,
                                            name=generation.response_id).model_dump_json().encode()
-        await self._js.publish(subject, body, headers=message_headers(generation.response_id))
+        await self._publisher.publish(subject, body, message_headers(generation.response_id))
 
     async def _served(self, model: str) -> tuple[WorkerRegistration, Dialect]:
         """The model's registration and dialect: a 404 when no worker serves it."""
@@ -488,8 +491,8 @@ class ResponsesService:
         ended = GenerationEnded(response_id=response_id, attempt=at.attempt, batch_count=at.next_batch_no,
                                 finish_reason="cancelled", prompt_tokens=at.prompt_tokens,
                                 output_tokens=at.output_tokens, completed_at=int(time.time()))
-        await self._js.publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": f"{response_id}:cancelled:{at.attempt}:{at.next_batch_no}"})
+        await self._publisher.publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
+                                      {"Nats-Msg-Id": f"{response_id}:cancelled:{at.attempt}:{at.next_batch_no}"})
 
     async def _order_cancel(self, response_id: str) -> None:
         await self._store.request_cancel(response_id)

@@ -77,19 +77,39 @@ def _stored_message(response_id: str, row: list) -> TokenStreamMessage:
     )
 
 
-async def create_parser_pool(url: str, partitions: int) -> asyncpg.Pool:
-    """The parser's connections: one per partition it may hold, so commits never queue
-    for a connection. Each statement is planned as it runs: the commit and the load name
-    their rows by arrays of ids in tables that grow under the parser's long-lived
-    connections."""
-    return await create_pool(url, max_size=partitions + 2, server_settings=PLAN_EACH_EXECUTION)
+@dataclass(frozen=True)
+class ParserPools:
+    """The parser's connections. ``planned`` plans each statement as it runs: the load
+    and the commits that update ``responses`` name their rows by arrays of ids in tables
+    that grow under the parser's long-lived connections. ``appends`` keeps its plans, for
+    the commits that only insert (most of a long stream's): nothing there finds rows by
+    the arrays (the batches' foreign key is checked through the key's index, however
+    small the table was when that plan was made), so planning them again buys nothing."""
+
+    planned: asyncpg.Pool
+    appends: asyncpg.Pool
+
+    async def close(self) -> None:
+        await self.planned.close()
+        await self.appends.close()
+
+
+async def create_parser_pools(url: str, partitions: int) -> ParserPools:
+    """One planned connection per partition the parser may hold, so loads never queue for
+    a connection; commits go one at a time (``GroupCommitter``), so two append
+    connections are enough."""
+    return ParserPools(planned=await create_pool(url, max_size=partitions + 2, server_settings=PLAN_EACH_EXECUTION),
+                       appends=await create_pool(url, max_size=2))
 
 
 class EventLog:
-    def __init__(self, pool: asyncpg.Pool | PoolConnectionProxy[asyncpg.Record]) -> None:
+    def __init__(self, pool: asyncpg.Pool | PoolConnectionProxy[asyncpg.Record],
+                 appends: asyncpg.Pool | None = None) -> None:
         """``pool``: or a connection taken from one, for reads that must see one
-        snapshot (an audit)."""
+        snapshot (an audit). ``appends``: where commits that only insert go
+        (``ParserPools``); without it, ``pool``."""
         self._pool = pool
+        self._appends = appends or pool
 
     async def load(self, response_id: str) -> ResponseRecord | None:
         """The response and everything consumed for it, in one round trip."""
@@ -135,8 +155,10 @@ class EventLog:
         parts = tuple(part for part, _ in rows_by_part)
         columns = [column for part, rows in rows_by_part for column in unnest_columns(rows, len(part.types))]
         started_at = time.perf_counter()
+        # Skipping what is stored reads the chunks by the arrays' keys: planned as it runs.
+        first_try = self._appends if set(parts) <= _APPENDS else self._pool
         try:
-            await self._pool.execute(_commit_statement(parts, skipping_stored=False), *columns)
+            await first_try.execute(_commit_statement(parts, skipping_stored=False), *columns)
         except asyncpg.UniqueViolationError:
             await self._pool.execute(_commit_statement(parts, skipping_stored=True), *columns)
         COMMIT_LATENCY.observe(time.perf_counter() - started_at)
@@ -193,6 +215,8 @@ _ITEMS = _Part("""indexed_items AS (
     {on_conflict}
 )""", ("text", "text"))
 _PARTS = (_EVENTS, _TOKENS, _STARTED, _FINISHED, _ITEMS)
+# The parts that only insert, reading no table by the arrays' keys.
+_APPENDS = {_EVENTS, _TOKENS}
 
 # The rows' key cannot see the events compaction moved into a chunk (migration 0012): a
 # write that comes after its response was compacted (a redelivery long after the end)

@@ -21,7 +21,7 @@ from steno.services.common.logs import configure_logging
 from steno.services.common.probe_server import serve_probes
 from steno.services.common.runtime import instance_id, run_until_signalled
 from steno.services.common.tracing import configure_tracing
-from steno.services.parser.event_log import create_parser_pool
+from steno.services.parser.event_log import create_parser_pools
 from steno.services.parser.service import ParserService
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,16 @@ def run(args: argparse.Namespace) -> None:
     async def main(stop: asyncio.Event) -> None:
         dialects.load_all()
         nc = await bus.connect(settings, "steno-parser")
-        pool = await create_parser_pool(settings.database_url, settings.token_partitions)
+        pools = await create_parser_pools(settings.database_url, settings.token_partitions)
         parser_id = instance_id()
         names = bus.Names.from_settings(settings)
-        service = ParserService(nc, pool, names, parser_id)
+        service = ParserService(nc, pools, names, parser_id)
         task = asyncio.create_task(service.run())
         probes = await serve_probes(args.metrics_port if args.metrics_port is not None else settings.metrics_port,
                                     Readiness({
                                         "nats": partial(nats_connected, nc),
-                                        "postgres": partial(postgres_reachable, pool),
-                                        "migrations": partial(migrations_current, pool),
+                                        "postgres": partial(postgres_reachable, pools.planned),
+                                        "migrations": partial(migrations_current, pools.planned),
                                         "consumers": partial(consumers_bound, nc.jetstream(), names.tokens_stream,
                                                              [names.parser_consumer(p)
                                                               for p in range(names.token_partitions)]),
@@ -64,6 +64,6 @@ def run(args: argparse.Namespace) -> None:
             await probes.stop()
         await nc.flush()
         await nc.close()
-        await pool.close()
+        await pools.close()
 
     run_until_signalled(main)

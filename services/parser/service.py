@@ -32,7 +32,7 @@ from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.tracing import exporting, tenant_of, trace_context, tracer
 from steno.services.parser.announcements import announcements
-from steno.services.parser.event_log import EventLog, ResponseWrite
+from steno.services.parser.event_log import EventLog, ParserPools, ResponseWrite
 from steno.services.parser.response_state import OutOfOrder, ResponseState
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,12 @@ MAX_STATES = 20_000
 
 class ParserService:
     def __init__(
-        self, nc: Client, pool: asyncpg.Pool, names: Names, instance_id: str
+        self, nc: Client, pools: ParserPools, names: Names, instance_id: str
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._message_limit = message_limit(nc)
-        self._log = EventLog(pool)
+        self._log = EventLog(pools.planned, appends=pools.appends)
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
@@ -72,7 +72,7 @@ class ParserService:
                                        instance_id=instance_id, presence_prefix=names.presence_prefix,
                                        replicas=names.replicas)
         self._consumers: dict[int, asyncio.Task] = {}
-        self._reasoning_keys = ReasoningKeys(pool)
+        self._reasoning_keys = ReasoningKeys(pools.planned)
         # The parser acks within milliseconds of a delivery; what a dead parser had
         # fetched comes back to the partition's next holder within the ack wait, while
         # what waits here behind a slow commit is kept by in-progress acks.

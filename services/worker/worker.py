@@ -65,6 +65,7 @@ from steno.services.common.metrics import (
     WORK_REDELIVERED,
 )
 from steno.services.common.model_files import publish_model_files
+from steno.services.common.stored_publish import StoredPublisher
 from steno.services.common.tracing import message_headers, tenant_of, trace_context, tracer
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
@@ -111,6 +112,7 @@ class GenerationWorker:
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        self._publisher = StoredPublisher(nc)
         self._names = names
         self._model = model
         self._engine = engine
@@ -148,6 +150,7 @@ class GenerationWorker:
     async def run(self) -> None:
         names = self._names
         await ensure_streams(self._js, names)
+        await self._publisher.start()
         if self._dialect_files is not None:
             await publish_model_files(self._js, names, self._dialect_files)
         durable = names.worker_consumer(self._model)
@@ -193,6 +196,7 @@ class GenerationWorker:
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
+        await self._publisher.stop()
 
     async def _register(self) -> None:
         """Tells the API this model is served, and in which dialect, for as long as the
@@ -313,7 +317,7 @@ class GenerationWorker:
         delay = 0.05
         while True:
             try:
-                await self._js.publish(subject, body, headers=message_headers(msg_id))
+                await self._publisher.publish(subject, body, message_headers(msg_id))
                 return
             except Exception:
                 if time.monotonic() + delay > deadline:
