@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_clients
+from steno.schemas.bus import token_partition_message, unpacked
 from steno.services.common.bus import connect
 
 STEPS = ("queued", "created", "batch", "announced", "content")
@@ -42,7 +43,8 @@ async def measure(streams: int, rounds: int, nice: dict[str, int]) -> dict[str, 
             mark((msg.headers or {}).get("Nats-Msg-Id"), "queued")
 
         async def on_batch(msg) -> None:
-            mark(orjson.loads(msg.data)["response_id"], "batch")
+            for message, _ in unpacked(token_partition_message.validate_json(msg.data), None):
+                mark(message.response_id, "batch")
 
         async def on_announced(msg) -> None:
             mark(orjson.loads(msg.data)["response_id"], "announced")

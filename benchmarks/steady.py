@@ -53,6 +53,7 @@ from nats.aio.msg import Msg
 from steno.benchmarks.harness import Bench, cpu_seconds, group_cpu_seconds, pct
 from steno.benchmarks.sse_client import HttpError, SseClient
 from steno.infra.embedded import free_port
+from steno.schemas.bus import TokenBatch, token_partition_message, unpacked
 from steno.schemas.responses import ParseContext
 from steno.services.common.bus import connect
 from steno.services.dialects import DEFAULT_DIALECT, CompletionSplitter, TextDelta, dialect_named
@@ -202,18 +203,17 @@ class BatchFollower:
         by_response: dict[str, dict[tuple[int, int], Emission]] = {}
         batches = stamped = 0
         for observed_at, data in self.received:
-            message = orjson.loads(data)
-            if message.get("kind") != "tokens" or not message["token_ids"]:
-                continue
-            batches += 1
-            # The batch's first token waited longest; a worker that stamps only the last
-            # (before first_emitted_at) is measured from that.
-            emitted_at = message.get("first_emitted_at") or message.get("emitted_at")
-            stamped += emitted_at is not None
-            at = emitted_at or observed_at
-            key = (message["attempt"], message["batch_no"])
-            by_response.setdefault(message["response_id"], {}).setdefault(
-                key, Emission(at, message["token_ids"], on_bus=observed_at))
+            for message, _ in unpacked(token_partition_message.validate_json(data), None):
+                if not isinstance(message, TokenBatch) or not message.token_ids:
+                    continue
+                batches += 1
+                # The batch's first token waited longest; a worker that stamps only the last
+                # (before first_emitted_at) is measured from that.
+                emitted_at = message.first_emitted_at or message.emitted_at
+                stamped += emitted_at is not None
+                at = emitted_at or observed_at
+                by_response.setdefault(message.response_id, {}).setdefault(
+                    (message.attempt, message.batch_no), Emission(at, message.token_ids, on_bus=observed_at))
         self.received = []
         ordered = {rid: [numbered[key] for key in sorted(numbered)] for rid, numbered in by_response.items()}
         return ordered, batches, stamped

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_stream_message
+from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_partition_message, unpacked
 from steno.services.common import bus
 from steno.services.common.config import Settings
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
@@ -51,6 +51,8 @@ class Result:
     engine_tokens: int = 0
     engine_wall_s: float = 0.0
     batches: int = 0
+    # Bus messages carrying them: a group (TokenBatchGroup) carries several batches.
+    messages: int = 0
     publish_s: list[float] = field(default_factory=list)
     note: str = ""
 
@@ -140,17 +142,18 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
     done = asyncio.Event()
 
     async def on_message(msg) -> None:
-        message = token_stream_message.validate_json(msg.data)
-        if isinstance(message, TokenBatch):
-            result.tokens += len(message.token_ids)
-            result.batches += 1
-        end = end_of(message)
-        if end is not None:
-            ended.add(end.response_id)
-            if end.finish_reason == "error":
-                result.note = f"error: {end.error_message}"
-            if len(ended) == len(requests):
-                done.set()
+        result.messages += 1
+        for message, _ in unpacked(token_partition_message.validate_json(msg.data), None):
+            if isinstance(message, TokenBatch):
+                result.tokens += len(message.token_ids)
+                result.batches += 1
+            end = end_of(message)
+            if end is not None:
+                ended.add(end.response_id)
+                if end.finish_reason == "error":
+                    result.note = f"error: {end.error_message}"
+                if len(ended) == len(requests):
+                    done.set()
 
     subscription = await js.subscribe(f"{names.namespace}.tokens.>", stream=names.tokens_stream,
                                       ordered_consumer=True, cb=on_message)
@@ -196,7 +199,7 @@ async def engine_alone(engine, requests: list[GenerationRequest], result: Result
 def make_requests(count: int, sampling: SamplingParams) -> list[GenerationRequest]:
     return [
         GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL, prompt_token_ids=p,
-                          sampling=sampling)
+                          sampling=sampling, groupable=True)
         for p in prompts(count)
     ]
 
@@ -224,13 +227,13 @@ def start_vllm(args):
 
 
 def print_table(results: list[Result], baseline: list[float]) -> None:
-    header = ("engine", "reqs", "conc", "tokens", "wall s", "tok/s bus", "tok/s alone", "batches",
+    header = ("engine", "reqs", "conc", "tokens", "wall s", "tok/s bus", "tok/s alone", "batches", "messages",
               "tok/batch", "pub p50 ms", "pub p99 ms", "note")
     rows = [header]
     for r in results:
         rows.append((
             r.engine, str(r.requests), str(r.concurrency), str(r.tokens), f"{r.wall_s:.2f}",
-            f"{r.tokens_per_s:,.0f}", f"{r.engine_tokens_per_s:,.0f}", str(r.batches),
+            f"{r.tokens_per_s:,.0f}", f"{r.engine_tokens_per_s:,.0f}", str(r.batches), str(r.messages),
             f"{r.tokens / r.batches:.1f}" if r.batches else "-",
             f"{percentile(r.publish_s, 0.5) * 1000:.2f}", f"{percentile(r.publish_s, 0.99) * 1000:.2f}", r.note,
         ))

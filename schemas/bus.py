@@ -55,6 +55,10 @@ class GenerationRequest(BaseModel):
     prompt_token_ids: list[int]
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     parser_seed: ParserSeed | None = None
+    # Whether its token batches may share messages with other responses'
+    # (``TokenBatchGroup``): only a stored response's may, since a response that is not
+    # stored has its output purged from the bus once it ends.
+    groupable: bool = False
 
     def chain_from(self, head: bytes) -> None:
         """Hands the parser the hash its first event chains to (the API's last stored event)."""
@@ -131,6 +135,42 @@ TokenStreamMessage = TokenBatch | GenerationEnded
 token_stream_message: TypeAdapter[TokenStreamMessage] = TypeAdapter(
     Annotated[TokenStreamMessage, Field(discriminator="kind")]
 )
+
+
+class GroupedBatch(BaseModel):
+    """One response's batch within a ``TokenBatchGroup``, with the headers it would have
+    carried as a message of its own (trace context, tenant)."""
+
+    headers: dict[str, str] = Field(default_factory=dict)
+    batch: TokenBatch
+
+
+class TokenBatchGroup(BaseModel):
+    """Token batches of several responses of one token partition that a worker had ready
+    at the same moment (an engine's step makes a token for every running request at
+    once), in one message on the partition's group subject
+    (``<ns>.tokens.<partition>.grouped``) instead of one message each: one store, one
+    acknowledgement and one delivery for them all. At most one batch per response, and
+    only of responses whose output may outlive them on the bus (``GenerationRequest.groupable``)."""
+
+    kind: Literal["group"] = "group"
+    v: Literal[1] = 1
+    batches: list[GroupedBatch]
+
+
+# What a token partition carries: a response's own messages, and groups of batches.
+TokenPartitionMessage = TokenBatch | GenerationEnded | TokenBatchGroup
+token_partition_message: TypeAdapter[TokenPartitionMessage] = TypeAdapter(
+    Annotated[TokenPartitionMessage, Field(discriminator="kind")]
+)
+
+
+def unpacked(message: TokenPartitionMessage, headers: dict[str, str] | None
+             ) -> list[tuple[TokenStreamMessage, dict[str, str] | None]]:
+    """The token stream messages a partition message carries, each with its headers."""
+    if isinstance(message, TokenBatchGroup):
+        return [(grouped.batch, grouped.headers) for grouped in message.batches]
+    return [(message, headers)]
 
 
 def end_of(message: TokenStreamMessage) -> GenerationEnded | None:

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from nats.aio.client import Client
 
 from steno.infra.embedded import Infrastructure, resolve
 from steno.infra.processes import Stack, remove_namespace
 from steno.services.audit import verify_response
+from steno.services.common import bus
 from steno.services.common.config import ApiSettings
 from steno.services.common.db import asyncpg_dsn
 from steno.services.common.migrate import ensure_database, upgrade
@@ -157,3 +159,17 @@ def reparses_identically(settings: ApiSettings, response_id: str) -> bool:
         finally:
             await pool.close()
     return asyncio.run(run())
+
+
+@asynccontextmanager
+async def namespace_of_its_own(settings: ApiSettings, suffix: str) -> AsyncIterator[tuple[bus.Names, Client]]:
+    """A bus namespace with its streams, for a test that publishes there itself; its
+    NATS connection, removed with the namespace afterwards."""
+    names = bus.Names(settings.namespace + suffix, settings.token_partitions)
+    nc = await bus.connect(settings, f"test-{suffix}")
+    await bus.ensure_streams(nc.jetstream(), names)
+    try:
+        yield names, nc
+    finally:
+        await bus.remove_namespace(nc.jetstream(), names)
+        await nc.close()

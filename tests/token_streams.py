@@ -7,7 +7,7 @@ import secrets
 import nats
 
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import GenerationEnded, TokenBatch
+from steno.schemas.bus import GenerationEnded, GroupedBatch, TokenBatch, TokenBatchGroup
 from steno.services.api.response_plan import plan_response
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, partition_of
@@ -64,3 +64,31 @@ async def statuses(db, ids: list[str], wanted: int) -> dict[str, str]:
             return rows
         await asyncio.sleep(0.1)
     return rows
+
+
+async def publish_grouped(settings, streams: list[list[TokenBatch]], skip: set[tuple[str, int]] = frozenset()
+                          ) -> None:
+    """Publishes the streams' n-th batches together, one ``TokenBatchGroup`` per step, as a
+    worker does for responses of one partition stepping together; the batches in
+    ``skip`` (response id, batch number) are left out."""
+    names = Names.from_settings(settings)
+    partition = partition_of(streams[0][0].response_id, settings.token_partitions)
+    nc = await nats.connect(settings.nats_url.split(","))
+    try:
+        js = nc.jetstream()
+        for n in range(max(len(stream) for stream in streams)):
+            group = TokenBatchGroup(batches=[GroupedBatch(batch=stream[n]) for stream in streams
+                                             if n < len(stream) and (stream[n].response_id, n) not in skip])
+            await js.publish(names.tokens_group_subject(partition), group.model_dump_json().encode())
+    finally:
+        await nc.close()
+
+
+async def publish_alone(settings, batch: TokenBatch) -> None:
+    """Publishes one batch on its response's own subject."""
+    names = Names.from_settings(settings)
+    nc = await nats.connect(settings.nats_url.split(","))
+    try:
+        await nc.jetstream().publish(names.tokens_subject(batch.response_id), batch.model_dump_json().encode())
+    finally:
+        await nc.close()

@@ -165,5 +165,6 @@ def plan_response(
         generation=GenerationRequest(
             response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling,
             parser_seed=ParserSeed(base_snapshot=snapshot, parse_context=record.parse_context),
+            groupable=request.store,
         ),
     )

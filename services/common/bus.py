@@ -110,6 +110,11 @@ class Names:
     def tokens_subject(self, response_id: str) -> str:
         return f"{self.namespace}.tokens.{partition_of(response_id, self.token_partitions)}.{response_id}"
 
+    def tokens_group_subject(self, partition: int) -> str:
+        """Token batches of several responses of the partition (``TokenBatchGroup``);
+        ``grouped`` is no response id."""
+        return f"{self.namespace}.tokens.{partition}.grouped"
+
     def tokens_partition_filter(self, partition: int) -> str:
         return f"{self.namespace}.tokens.{partition}.>"
 

@@ -32,6 +32,7 @@ from steno.schemas.bus import (
     ChatTemplateFiles,
     GenerationRequest,
     GenerationWork,
+    TokenBatchGroup,
     TokenStreamMessage,
     WorkerRegistration,
 )
@@ -61,6 +62,8 @@ PARAMETERS = {
     "origin": "The API process that made the response: the eight hex characters after resp_ in its id.",
     "instance_id": "A live holder: host, pid and a random part (a host name with dots spans several tokens).",
 }
+# Parameters whose one token has a shape of its own (a response id is never ``grouped``).
+PARAMETER_PATTERNS = {"response_id": "resp_[^.]+"}
 # Parameters whose value may hold dots, so span more than one subject token.
 MULTI_TOKEN_PARAMETERS = frozenset({"instance_id"})
 # What a message about one response carries beside its id (services/common/tracing.py).
@@ -80,6 +83,7 @@ class BusMessages:
 
     generation_work: Any = Annotated[GenerationWork, Field(discriminator="kind")]
     token_stream: Any = Annotated[TokenStreamMessage, Field(discriminator="kind")]
+    token_batch_group: type[BaseModel] = TokenBatchGroup
     committed_events: type[BaseModel] = CommittedEvents
     cancel_order: type[BaseModel] = CancelOrder
     worker_registration: type[BaseModel] = WorkerRegistration
@@ -161,6 +165,21 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
                          ack="explicit"),
                 Receiver("worker", f"{ns}.tokens.{{partition}}.{{response_id}}", "A worker taking a request "
                          "over reads what earlier attempts published (an ephemeral consumer).", ack="none"),
+            ),
+        ),
+        Channel(
+            "token-batch-groups", f"{ns}.tokens.{{partition}}.grouped", messages.token_batch_group,
+            "Batches of several responses of the partition that a worker had ready at the same moment, in one "
+            "message (at most one batch per response; only responses stored with store=true). A batch that "
+            "finds no company goes on its response's own subject.",
+            publishers=("worker",), stream=tokens_stream,
+            headers={"Nats-Msg-Id": "group:<the first batch's message id>"},
+            receivers=(
+                Receiver("parser", f"{ns}.tokens.{{partition}}.>", "The parser holding the partition's lease "
+                         "pulls from it, acking once every batch of the group is committed.",
+                         durable="parser-p{partition}", ack="explicit"),
+                Receiver("worker", f"{ns}.tokens.{{partition}}.grouped", "A worker taking a request over reads "
+                         "the groups stored since the request was queued (an ephemeral consumer).", ack="none"),
             ),
         ),
         Channel(
@@ -330,6 +349,8 @@ def _parameter(name: str) -> dict[str, Any]:
     described: dict[str, Any] = {"description": PARAMETERS[name]}
     if name in MULTI_TOKEN_PARAMETERS:
         described["x-subject-tokens"] = "one or more"
+    if name in PARAMETER_PATTERNS:
+        described["x-subject-token-pattern"] = PARAMETER_PATTERNS[name]
     return described
 
 
@@ -352,7 +373,7 @@ def template_pattern(template: str) -> re.Pattern[str]:
     for part in parts:
         name = part[1:-1] if part.startswith("{") else None
         if name is not None:
-            pattern += ".+" if name in MULTI_TOKEN_PARAMETERS else "[^.]+"
+            pattern += ".+" if name in MULTI_TOKEN_PARAMETERS else PARAMETER_PATTERNS.get(name, "[^.]+")
             continue
         pattern += re.escape(part).replace(r"\*", "[^.]+").replace(">", ".+")
     return re.compile(pattern)

@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_stream_message
+from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_partition_message, unpacked
 from steno.schemas.responses import ParseContext
 from steno.services.common import logs
 from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
@@ -240,14 +240,18 @@ class ParserService:
         Postgres, still held."""
         fetched_ns = time.time_ns()
         by_response: dict[str, list[tuple[Msg, TokenStreamMessage]]] = {}
+        # The headers of each message a group carried (trace context, tenant).
+        carried: dict[tuple[int, str], dict[str, str] | None] = {}
         for msg in messages:
             try:
-                decoded = token_stream_message.validate_json(msg.data)
+                unpacked_messages = unpacked(token_partition_message.validate_json(msg.data), msg.headers)
             except ValidationError:
                 log.error("dropping an undecodable token message on %s", msg.subject)
                 await msg.term()
                 continue
-            by_response.setdefault(decoded.response_id, []).append((msg, decoded))
+            for decoded, headers in unpacked_messages:
+                by_response.setdefault(decoded.response_id, []).append((msg, decoded))
+                carried[id(msg), decoded.response_id] = headers
 
         writes: list[ResponseWrite] = []
         to_ack: list[Msg] = []
@@ -317,7 +321,8 @@ class ParserService:
         for write in committed:
             delivered = written.pop(write.response_id, [])
             to_ack += delivered
-            _trace_commit(write, delivered[0].headers if delivered else None, fetched_ns)
+            _trace_commit(write, carried.get((id(delivered[0]), write.response_id)) if delivered else None,
+                          fetched_ns)
             if (state := states.get(write.response_id)) is not None:
                 PARSED_EVENTS.labels(state.model).inc(len(write.events))
             if write.final_snapshot is not None:
@@ -325,16 +330,21 @@ class ParserService:
             for announcement in announcements(write.response_id, write.events, self._message_limit):
                 with suppress(Exception):
                     await self._nc.publish(self._names.events_subject(write.response_id), announcement)
-        for msg in to_ack:
+        # A group settles as its least settled batch: held while any waits for Postgres,
+        # else handed back while any must come again (those applied come as duplicates).
+        held = {id(msg) for msg in unsettled}
+        retried = {id(msg): msg for msg in to_retry if id(msg) not in held}
+        acked = {id(msg): msg for msg in to_ack if id(msg) not in held and id(msg) not in retried}
+        for msg in acked.values():
             with suppress(Exception):
                 await msg.ack()
-        for msg in to_retry:
+        for msg in retried.values():
             with suppress(Exception):
                 await msg.nak(delay=retry_delay(msg))
         for write in committed:
             if write.final_snapshot is not None and not write.final_snapshot.get("store", True):
                 await self._forget_tokens(write.response_id)
-        return unsettled
+        return list({id(msg): msg for msg in unsettled}.values())
 
     async def _commit(self, writes: list[ResponseWrite]) -> tuple[list[ResponseWrite], list[ResponseWrite]]:
         """Commits the writes; returns those committed (or replaced by their response's

@@ -6,6 +6,7 @@ The batches are taken in the order, and by the rule, the parser applies them
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
 
@@ -14,12 +15,22 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
-from steno.schemas.bus import Placement, TokenBatch, TokenStreamMessage, TokenStreamOrder, token_stream_message
-from steno.services.common.bus import Names
+from steno.schemas.bus import (
+    Placement,
+    TokenBatch,
+    TokenStreamMessage,
+    TokenStreamOrder,
+    token_partition_message,
+    unpacked,
+)
+from steno.services.common.bus import Names, partition_of
 
 READ_BATCH = 512
 FETCH_TIMEOUT_S = 0.5
 READ_PATIENCE_S = 15.0
+# The groups are read from a little before the request was queued: the two streams'
+# timestamps may come from different servers' clocks.
+CLOCK_MARGIN = datetime.timedelta(seconds=60)
 
 
 @dataclass
@@ -51,27 +62,40 @@ def assemble(messages: list[TokenStreamMessage]) -> PriorOutput:
 
 
 async def read_prior_output(js: JetStreamContext, names: Names, response_id: str,
+                            since: datetime.datetime | None = None,
                             patience_s: float = READ_PATIENCE_S) -> PriorOutput:
-    """Everything published on the response's token subject so far. A slow read is not an
-    empty one: the reading consumer says how many messages the subject holds, and a read
-    that gets fewer within ``patience_s`` raises (the request goes back and is tried
-    again), since continuing after a shorter prefix than was published would fail the
-    response."""
-    subscription = await js.pull_subscribe(
-        names.tokens_subject(response_id),
-        stream=names.tokens_stream,
-        config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0
-        ),
-    )
-    messages: list[TokenStreamMessage] = []
+    """Everything published for the response so far: on its token subject, and in the
+    groups of its partition (``TokenBatchGroup``) stored from ``since`` on (when the
+    request was queued: nothing of it was published before; None reads them all). A
+    slow read is not an empty one: each reading consumer says how many messages it has
+    to read, and a read that gets fewer within ``patience_s`` raises (the request goes
+    back and is tried again), since continuing after a shorter prefix than was published
+    would fail the response."""
+    deadline = time.monotonic() + patience_s
+    own = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    grouped = (ConsumerConfig(deliver_policy=DeliverPolicy.ALL) if since is None else
+               ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since - CLOCK_MARGIN))
+    partition = partition_of(response_id, names.token_partitions)
+    read = (await _read(js, names, names.tokens_subject(response_id), own, response_id, deadline)
+            + await _read(js, names, names.tokens_group_subject(partition), grouped, response_id, deadline))
+    # In the order they were stored, which is the order they were published in.
+    return assemble([message for _, message in sorted(read, key=lambda sequenced: sequenced[0])])
+
+
+async def _read(js: JetStreamContext, names: Names, subject: str, config: ConsumerConfig, response_id: str,
+                deadline: float) -> list[tuple[int, TokenStreamMessage]]:
+    """The response's messages among those stored on ``subject``, with their stream
+    sequence numbers."""
+    config.ack_policy = AckPolicy.NONE
+    config.inactive_threshold = 30.0
+    subscription = await js.pull_subscribe(subject, stream=names.tokens_stream, config=config)
+    messages: list[tuple[int, TokenStreamMessage]] = []
     try:
         stored = (await subscription.consumer_info()).num_pending or 0
         read = 0
-        deadline = time.monotonic() + patience_s
         while read < stored:
             if time.monotonic() > deadline:
-                raise PriorOutputUnread(f"read {read} of the {stored} messages published for {response_id}")
+                raise PriorOutputUnread(f"read {read} of the {stored} messages on {subject} for {response_id}")
             try:
                 fetched = await subscription.fetch(READ_BATCH, timeout=FETCH_TIMEOUT_S)
             except (TimeoutError, NatsTimeoutError):
@@ -79,12 +103,14 @@ async def read_prior_output(js: JetStreamContext, names: Names, response_id: str
             read += len(fetched)
             for msg in fetched:
                 try:
-                    messages.append(token_stream_message.validate_json(msg.data))
+                    carried = unpacked(token_partition_message.validate_json(msg.data), None)
                 except ValidationError:
                     continue
+                messages += [(msg.metadata.sequence.stream, message) for message, _ in carried
+                             if message.response_id == response_id]
     finally:
         await subscription.unsubscribe()
-    return assemble(messages)
+    return messages
 
 
 class PriorOutputUnread(Exception):

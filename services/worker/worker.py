@@ -48,6 +48,7 @@ from steno.services.common.bus import (
     cancel_flags,
     durable_pull_config,
     ensure_streams,
+    message_limit,
     model_token,
     request_store,
     worker_registry,
@@ -67,6 +68,7 @@ from steno.services.common.metrics import (
 from steno.services.common.model_files import publish_model_files
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.common.tracing import message_headers, tenant_of, trace_context, tracer
+from steno.services.worker.batch_groups import BatchGroups
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
 from steno.services.worker.token_batcher import PendingBatch, coalesce
@@ -113,6 +115,7 @@ class GenerationWorker:
         self._nc = nc
         self._js = nc.jetstream()
         self._publisher = StoredPublisher(nc)
+        self._groups = BatchGroups(self._publisher, names, message_limit(nc))
         self._names = names
         self._model = model
         self._engine = engine
@@ -325,6 +328,15 @@ class GenerationWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    async def _publish_grouped(self, response_id: str, subject: str, body: bytes, msg_id: str) -> None:
+        """Publishes a batch with those of other responses ready at the same moment;
+        one that could not go in its group goes alone, riding out trouble as ``_publish``."""
+        headers = message_headers(msg_id)
+        try:
+            await self._groups.publish(response_id, body, headers, msg_id)
+        except Exception:
+            await self._publish(subject, body, msg_id)
+
     async def _give_up(self, response_id: str, attempt: int, out: _AttemptOutput, prompt_tokens: int,
                        exc: Exception) -> None:
         """Ends the response with an error at this attempt's next position, where the
@@ -385,7 +397,8 @@ class GenerationWorker:
         # then stays off the token stream (the parser reads it from Postgres instead).
         seeded = isinstance(work, GenerationRequest)
         subject = self._names.tokens_subject(rid)
-        prior = await read_prior_output(self._js, self._names, rid) if attempt > 0 else PriorOutput()
+        prior = (await read_prior_output(self._js, self._names, rid, since=msg.metadata.timestamp) if attempt > 0
+                 else PriorOutput())
         if prior.ended:
             log.info("%s attempt %d: an earlier attempt already ended it", rid, attempt)
             await msg.ack_sync()
@@ -407,7 +420,11 @@ class GenerationWorker:
                 parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
-            await self._publish(subject, batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}")
+            body, msg_id = batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}"
+            if request.groupable:
+                await self._publish_grouped(rid, subject, body, msg_id)
+            else:
+                await self._publish(subject, body, msg_id)
             out.batches += 1
             out.tokens += len(pending.token_ids)
             self._tokens_published.inc(len(pending.token_ids))

@@ -13,8 +13,9 @@ import nats
 import openai
 import orjson
 import pytest
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from steno.schemas.bus import WorkerRegistration
+from steno.schemas.bus import WorkerRegistration, token_partition_message, unpacked
 from steno.services.common.bus import Names, model_token, worker_registry
 from tests.conftest import SLOW_MODEL
 from tests.token_streams import create, neighbours, publish_interleaved, statuses, stream_of
@@ -178,6 +179,38 @@ async def test_a_store_false_response_leaves_no_tokens_on_the_bus(settings, clie
         assert (info.state.subjects or {}).get(names.tokens_subject(stored.id))  # a stored one keeps them
     finally:
         await nc.close()
+
+
+async def test_only_stored_responses_share_token_messages(settings, client):
+    """Streams stepping together have their batches grouped per partition, but never
+    those of a response that is not stored: its tokens go where its end purges them."""
+    names = Names.from_settings(settings)
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        before = (await js.stream_info(names.tokens_stream)).state.last_seq
+        together = await asyncio.gather(*(asyncio.to_thread(client.responses.create, model=SLOW_MODEL,
+                                                            input=f"step {n}", store=n % 2 == 0) for n in range(8)))
+        assert {response.status for response in together} == {"completed"}
+        grouped: set[str] = set()
+        subscription = await js.subscribe(f"{names.namespace}.tokens.*.grouped", stream=names.tokens_stream,
+                                          ordered_consumer=True, config=ConsumerConfig(
+                                              deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                              opt_start_seq=before + 1))
+        try:
+            while True:
+                try:
+                    msg = await subscription.next_msg(timeout=1)
+                except nats.errors.TimeoutError:
+                    break
+                grouped |= {message.response_id
+                            for message, _ in unpacked(token_partition_message.validate_json(msg.data), None)}
+        finally:
+            await subscription.unsubscribe()
+    finally:
+        await nc.close()
+    assert grouped, "no batches were grouped"
+    assert grouped <= {response.id for n, response in enumerate(together) if n % 2 == 0}
 
 
 async def test_line_separators_in_text_go_escaped_in_sse_data(stack, settings, db):

@@ -55,7 +55,8 @@ async def served_models(client: openai.AsyncOpenAI, models: set[str], timeout_s:
 
 
 async def serve_a_mix(client: openai.AsyncOpenAI) -> None:
-    """Streamed, blocking, cache-keyed, a function call, and a background response cancelled."""
+    """Streamed, blocking, cache-keyed, a function call, streams stepping together (so
+    batches of one partition go out in groups), and a background response cancelled."""
     stream = await client.responses.create(model=MODEL, input="stream this", stream=True)
     assert [event.type async for event in stream][-1] == "response.completed"
     assert (await client.responses.create(model=MODEL, input="a blocking one")).status == "completed"
@@ -63,6 +64,9 @@ async def serve_a_mix(client: openai.AsyncOpenAI) -> None:
     assert keyed.status == "completed"
     called = await client.responses.create(model=MODEL, input="Paris", tools=[WEATHER])
     assert called.output[-1].type == "function_call"
+    together = await asyncio.gather(*(client.responses.create(model=SLOW_MODEL, input=f"together {n}")
+                                      for n in range(8)))
+    assert {response.status for response in together} == {"completed"}
     job = await client.responses.create(model=SLOW_MODEL, input="cancel me " * 20, background=True)
     deadline = time.monotonic() + 30
     while not (await client.responses.retrieve(job.id)).output:

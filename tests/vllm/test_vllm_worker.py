@@ -27,7 +27,8 @@ from steno.schemas.bus import (  # noqa: E402
     TokenBatch,
     TokenStreamMessage,
     end_of,
-    token_stream_message,
+    token_partition_message,
+    unpacked,
 )
 from steno.services.api.response_plan import plan_response  # noqa: E402
 from steno.services.common import bus  # noqa: E402
@@ -153,9 +154,11 @@ async def publish(js, names: bus.Names, request: GenerationRequest) -> None:
 
 
 async def token_stream(js, names: bus.Names, response_id: str, timeout_s: float = 120.0, on_batch=None):
-    """Every message of one response's token stream, up to the one carrying its end."""
-    subject = f"{names.namespace}.tokens.*.{response_id}"
-    subscription = await js.subscribe(subject, stream=names.tokens_stream, ordered_consumer=True)
+    """Every message of one response's token stream, up to the one carrying its end: on
+    its own subject and in the groups of its partition."""
+    partition = bus.partition_of(response_id, names.token_partitions)
+    subscription = await js.subscribe(f"{names.namespace}.tokens.{partition}.>", stream=names.tokens_stream,
+                                      ordered_consumer=True)
     messages: list[TokenStreamMessage] = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -163,12 +166,14 @@ async def token_stream(js, names: bus.Names, response_id: str, timeout_s: float 
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no end for {response_id}; got {messages}"
             msg = await subscription.next_msg(timeout=remaining)
-            message = token_stream_message.validate_json(msg.data)
-            messages.append(message)
-            if isinstance(message, TokenBatch) and on_batch is not None:
-                await on_batch(message)
-            if end_of(message) is not None:
-                return messages
+            for message, _ in unpacked(token_partition_message.validate_json(msg.data), None):
+                if message.response_id != response_id:
+                    continue
+                messages.append(message)
+                if isinstance(message, TokenBatch) and on_batch is not None:
+                    await on_batch(message)
+                if end_of(message) is not None:
+                    return messages
     finally:
         await subscription.unsubscribe()
 

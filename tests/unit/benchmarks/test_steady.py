@@ -119,6 +119,22 @@ def test_the_follower_orders_batches_and_prefers_the_workers_first_emission_time
     assert follower.received == []
 
 
+def test_the_follower_takes_each_batch_a_group_carries():
+    follower = BatchFollower()
+
+    def batch(rid: str, number: int) -> dict:
+        return {"kind": "tokens", "response_id": rid, "attempt": 0, "batch_no": number, "token_ids": [number],
+                "first_emitted_at": 20.0 + number}
+
+    group = {"kind": "group", "v": 1, "batches": [{"headers": {}, "batch": batch("r", 1)},
+                                                   {"headers": {}, "batch": batch("s", 0)}]}
+    follower.received = [(20.5, orjson.dumps(batch("r", 0))), (21.5, orjson.dumps(group))]
+    by_response, batches, stamped = follower.take()
+    assert by_response == {"r": [Emission(20.0, [0], on_bus=20.5), Emission(21.0, [1], on_bus=21.5)],
+                           "s": [Emission(20.0, [0], on_bus=21.5)]}
+    assert (batches, stamped) == (3, 3)
+
+
 def test_announcements_give_when_content_was_announced():
     def announcement(*deltas: str) -> bytes:
         events = [{"seq": i, "type": "response.output_text.delta", "payload": orjson.dumps({"delta": d}).decode()}

@@ -1,4 +1,13 @@
-from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStreamOrder
+from steno.schemas.bus import (
+    GenerationEnded,
+    GroupedBatch,
+    Placement,
+    TokenBatch,
+    TokenBatchGroup,
+    TokenStreamOrder,
+    token_partition_message,
+    unpacked,
+)
 
 RID = "resp_order"
 
@@ -42,3 +51,13 @@ def test_an_end_counts_as_the_attempts_next_number_and_nothing_follows_it():
     order.advance(end(0, 1))
     assert order.ended
     assert order.place(batch(1, 0)) is Placement.DUPLICATE
+
+
+def test_a_partition_message_unpacks_into_the_token_stream_messages_it_carries():
+    alone = token_partition_message.validate_json(end(0, 1).model_dump_json())
+    assert unpacked(alone, {"Steno-Tenant": "a"}) == [(end(0, 1), {"Steno-Tenant": "a"})]
+    other = TokenBatch(response_id="resp_other", attempt=0, batch_no=4, token_ids=[9])
+    group = TokenBatchGroup(batches=[GroupedBatch(batch=batch(0, 0), headers={"traceparent": "00-ab"}),
+                                     GroupedBatch(batch=other)])
+    decoded = token_partition_message.validate_json(group.model_dump_json())
+    assert unpacked(decoded, {"ignored": "the group's own"}) == [(batch(0, 0), {"traceparent": "00-ab"}), (other, {})]
