@@ -72,22 +72,21 @@ async def read_prior_output(js: JetStreamContext, names: Names, response_id: str
     back and is tried again), since continuing after a shorter prefix than was published
     would fail the response."""
     deadline = time.monotonic() + patience_s
-    own = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-    grouped = (ConsumerConfig(deliver_policy=DeliverPolicy.ALL) if since is None else
-               ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since - CLOCK_MARGIN))
+    groups_from = since - CLOCK_MARGIN if since is not None else None
     partition = partition_of(response_id, names.token_partitions)
-    read = (await _read(js, names, names.tokens_subject(response_id), own, response_id, deadline)
-            + await _read(js, names, names.tokens_group_subject(partition), grouped, response_id, deadline))
+    read = (await _read(js, names, names.tokens_subject(response_id), response_id, deadline)
+            + await _read(js, names, names.tokens_group_subject(partition), response_id, deadline, groups_from))
     # In the order they were stored, which is the order they were published in.
     return assemble([message for _, message in sorted(read, key=lambda sequenced: sequenced[0])])
 
 
-async def _read(js: JetStreamContext, names: Names, subject: str, config: ConsumerConfig, response_id: str,
-                deadline: float) -> list[tuple[int, TokenStreamMessage]]:
-    """The response's messages among those stored on ``subject``, with their stream
-    sequence numbers."""
-    config.ack_policy = AckPolicy.NONE
-    config.inactive_threshold = 30.0
+async def _read(js: JetStreamContext, names: Names, subject: str, response_id: str, deadline: float,
+                stored_from: datetime.datetime | None = None) -> list[tuple[int, TokenStreamMessage]]:
+    """The response's messages among those stored on ``subject`` (from ``stored_from``
+    on, if given), with their stream sequence numbers."""
+    config = ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=30.0, deliver_policy=DeliverPolicy.ALL)
+    if stored_from is not None:
+        config.deliver_policy, config.opt_start_time = DeliverPolicy.BY_START_TIME, stored_from
     subscription = await js.pull_subscribe(subject, stream=names.tokens_stream, config=config)
     messages: list[tuple[int, TokenStreamMessage]] = []
     try:
