@@ -4,6 +4,7 @@ namespace of the session's own, and the service processes."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -11,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import openai
 import pytest
 from nats.aio.client import Client
 
@@ -173,3 +175,23 @@ async def namespace_of_its_own(settings: ApiSettings, suffix: str) -> AsyncItera
     finally:
         await bus.remove_namespace(nc.jetstream(), names)
         await nc.close()
+
+
+async def stepping_together_in_one_partition(client: openai.AsyncOpenAI, model: str, partitions: int,
+                                             text: str) -> tuple[set[str], list[str]]:
+    """Background responses started one after another until two share a token partition
+    (by the pigeonhole, at most one more than there are partitions), then waited for: all
+    their ids, and the pair. ``text`` is echoed back by a simulator: long enough, the
+    responses all stream at once."""
+    by_partition: dict[int, list[str]] = {}
+    for n in itertools.count():
+        created = await client.responses.create(model=model, input=f"{n} {text}", background=True)
+        pair = by_partition.setdefault(bus.partition_of(created.id, partitions), [])
+        pair.append(created.id)
+        if len(pair) == 2:
+            break
+    started = {rid for ids in by_partition.values() for rid in ids}
+    for rid in started:
+        while (await client.responses.retrieve(rid)).status in ("queued", "in_progress"):
+            await asyncio.sleep(0.2)
+    return started, pair

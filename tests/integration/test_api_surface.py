@@ -17,7 +17,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from steno.schemas.bus import WorkerRegistration, token_partition_message, unpacked
 from steno.services.common.bus import Names, model_token, worker_registry
-from tests.conftest import SLOW_MODEL
+from tests.conftest import SLOW_MODEL, stepping_together_in_one_partition
 from tests.token_streams import create, neighbours, publish_interleaved, statuses, stream_of
 
 pytestmark = pytest.mark.integration
@@ -181,17 +181,21 @@ async def test_a_store_false_response_leaves_no_tokens_on_the_bus(settings, clie
         await nc.close()
 
 
-async def test_only_stored_responses_share_token_messages(settings, client):
+async def test_only_stored_responses_share_token_messages(stack, settings):
     """Streams stepping together have their batches grouped per partition, but never
     those of a response that is not stored: its tokens go where its end purges them."""
     names = Names.from_settings(settings)
+    long_input = " ".join(["steady"] * 60)  # echoed back: each response streams for seconds
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0, timeout=60)
     nc = await nats.connect(settings.nats_url)
     try:
         js = nc.jetstream()
         before = (await js.stream_info(names.tokens_stream)).state.last_seq
-        together = await asyncio.gather(*(asyncio.to_thread(client.responses.create, model=SLOW_MODEL,
-                                                            input=f"step {n}", store=n % 2 == 0) for n in range(8)))
-        assert {response.status for response in together} == {"completed"}
+        not_stored = asyncio.gather(*(client.responses.create(model=SLOW_MODEL, input=f"unstored {n} {long_input}",
+                                                              store=False) for n in range(8)))
+        stored, sharing = await stepping_together_in_one_partition(client, SLOW_MODEL, names.token_partitions,
+                                                                   long_input)
+        assert {response.status for response in await not_stored} == {"completed"}
         grouped: set[str] = set()
         subscription = await js.subscribe(f"{names.namespace}.tokens.*.grouped", stream=names.tokens_stream,
                                           ordered_consumer=True, config=ConsumerConfig(
@@ -209,8 +213,9 @@ async def test_only_stored_responses_share_token_messages(settings, client):
             await subscription.unsubscribe()
     finally:
         await nc.close()
-    assert grouped, "no batches were grouped"
-    assert grouped <= {response.id for n, response in enumerate(together) if n % 2 == 0}
+        await client.close()
+    assert set(sharing) <= grouped, "two stored responses stepping together in one partition were not grouped"
+    assert grouped <= stored
 
 
 async def test_line_separators_in_text_go_escaped_in_sse_data(stack, settings, db):

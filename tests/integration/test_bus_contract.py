@@ -18,7 +18,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from steno.services.common.bus_contract import asyncapi_document, channels_of
-from tests.conftest import SLOW_MODEL, separate_stack
+from tests.conftest import SLOW_MODEL, separate_stack, stepping_together_in_one_partition
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ async def served_models(client: openai.AsyncOpenAI, models: set[str], timeout_s:
         await asyncio.sleep(0.2)
 
 
-async def serve_a_mix(client: openai.AsyncOpenAI) -> None:
+async def serve_a_mix(client: openai.AsyncOpenAI, partitions: int) -> None:
     """Streamed, blocking, cache-keyed, a function call, streams stepping together (so
     batches of one partition go out in groups), and a background response cancelled."""
     stream = await client.responses.create(model=MODEL, input="stream this", stream=True)
@@ -64,9 +64,8 @@ async def serve_a_mix(client: openai.AsyncOpenAI) -> None:
     assert keyed.status == "completed"
     called = await client.responses.create(model=MODEL, input="Paris", tools=[WEATHER])
     assert called.output[-1].type == "function_call"
-    together = await asyncio.gather(*(client.responses.create(model=SLOW_MODEL, input=f"together {n}")
-                                      for n in range(8)))
-    assert {response.status for response in together} == {"completed"}
+    together, _ = await stepping_together_in_one_partition(client, SLOW_MODEL, partitions, "together " * 30)
+    assert {(await client.responses.retrieve(rid)).status for rid in together} == {"completed"}
     job = await client.responses.create(model=SLOW_MODEL, input="cancel me " * 20, background=True)
     deadline = time.monotonic() + 30
     while not (await client.responses.retrieve(job.id)).output:
@@ -115,7 +114,7 @@ async def test_everything_the_services_publish_is_a_message_of_the_contract(cont
         await nc.subscribe(f"{namespace}.>", cb=capture)
         await nc.subscribe("$KV.>", cb=capture)
         await served_models(client, {MODEL, SLOW_MODEL})
-        await serve_a_mix(client)
+        await serve_a_mix(client, contract_stack.settings.token_partitions)
         every_channel = set(document["channels"])
         deadline = time.monotonic() + 30
         while (seen := {channel for message in captured for channel in channels_of(document, message.subject)}) \
