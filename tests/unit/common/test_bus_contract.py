@@ -49,12 +49,21 @@ def test_a_changed_model_nested_in_a_message_changes_the_document():
     class TokenBatch(bus_messages.TokenBatch):
         priority: int
 
+    # Every message that holds a TokenBatch holds the changed one: two models of one name
+    # would leave which of them the document describes to the order they are met in.
+    class GroupedBatch(bus_messages.GroupedBatch):
+        batch: TokenBatch
+
+    class TokenBatchGroup(bus_messages.TokenBatchGroup):
+        batches: list[GroupedBatch]
+
     def token_stream(batch: type[bus_messages.TokenBatch]) -> Any:
         return Annotated[batch | bus_messages.GenerationEnded, Field(discriminator="kind")]
 
     assert drift_from_committed(asyncapi_document(messages=BusMessages(token_stream=token_stream(
         bus_messages.TokenBatch)))) == []
-    drift = drift_from_committed(asyncapi_document(messages=BusMessages(token_stream=token_stream(TokenBatch))))
+    drift = drift_from_committed(asyncapi_document(messages=BusMessages(token_stream=token_stream(TokenBatch),
+                                                                        token_batch_group=TokenBatchGroup)))
     assert "/components/schemas/TokenBatch/properties/priority: added" in drift
 
 
