@@ -7,8 +7,9 @@ TOKENS stream. It reports:
 
 - tokens/s through the worker onto the bus (first request published -> last end read);
 - tokens/s of the same requests through the engine alone (no bus), for comparison;
-- token batches published, tokens per batch, and the JetStream publish latency per
-  batch as the worker saw it (p50/p99): the bus overhead paid per batch;
+- token batches published, the messages carrying them (a group carries several), tokens
+  per batch, and the JetStream publish latency per message as the worker saw it, to its
+  PubAck (p50/p99): the bus overhead paid per message;
 - the publish latency of a lone TokenBatch-sized message on an idle bus (baseline).
 
 NATS: STENO_NATS_URL, else nats://127.0.0.1:4222. Everything lives in a namespace of its
@@ -28,6 +29,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_partition_message, unpacked
 from steno.services.common import bus
 from steno.services.common.config import Settings
+from steno.services.common.stored_publish import StoredPublisher
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.worker.worker import GenerationWorker
 
@@ -81,25 +85,24 @@ def prompts(count: int) -> list[list[int]]:
     ]
 
 
-def timed_jetstream(nc, samples: list[float]) -> None:
-    """Makes every JetStream context of ``nc`` time its publishes into ``samples``."""
-    make = nc.jetstream
+@contextmanager
+def timed_publishes(samples: list[float]) -> Iterator[None]:
+    """While open, every ``StoredPublisher`` of this process (the worker's: its batches,
+    groups and ends) times each publish, to its PubAck, into ``samples``."""
+    publish = StoredPublisher.publish
 
-    def jetstream(**kwargs):
-        js = make(**kwargs)
-        publish = js.publish
+    async def timed(self: StoredPublisher, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        started = time.perf_counter()
+        try:
+            await publish(self, subject, body, headers)
+        finally:
+            samples.append(time.perf_counter() - started)
 
-        async def timed(*args, **kw):
-            started = time.perf_counter()
-            try:
-                return await publish(*args, **kw)
-            finally:
-                samples.append(time.perf_counter() - started)
-
-        js.publish = timed
-        return js
-
-    nc.jetstream = jetstream
+    StoredPublisher.publish = timed  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        StoredPublisher.publish = publish  # type: ignore[method-assign]
 
 
 def nats_options(nats_url: str) -> bus.NatsOptions:
@@ -113,15 +116,17 @@ async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
     js = nc.jetstream()
     names = bus.Names(f"bb{secrets.token_hex(4)}", 4)
     await bus.ensure_streams(js, names)
-    samples = []
+    publisher = StoredPublisher(nc)  # as the worker publishes
+    await publisher.start()
+    samples: list[float] = []
     try:
-        for i in range(count):
-            batch = TokenBatch(response_id="resp_x", attempt=0, batch_no=i, token_ids=list(range(1000, 1032)))
-            started = time.perf_counter()
-            await js.publish(names.tokens_subject("resp_x"), batch.model_dump_json().encode(),
-                             headers={"Nats-Msg-Id": f"resp_x:0:{i}"})
-            samples.append(time.perf_counter() - started)
+        with timed_publishes(samples):
+            for i in range(count):
+                batch = TokenBatch(response_id="resp_x", attempt=0, batch_no=i, token_ids=list(range(1000, 1032)))
+                await publisher.publish(names.tokens_subject("resp_x"), batch.model_dump_json().encode(),
+                                        {"Nats-Msg-Id": f"resp_x:0:{i}"})
     finally:
+        await publisher.stop()
         await bus.remove_namespace(js, names)
         await nc.close()
     return samples
@@ -131,7 +136,6 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
                       timeout_s: float, batch_interval_s: float) -> None:
     names = bus.Names(f"bw{secrets.token_hex(4)}", 4)
     worker_nc = await bus.connect(nats_options(nats_url), "steno-bench-worker")
-    timed_jetstream(worker_nc, result.publish_s)
     client_nc = await bus.connect(nats_options(nats_url), "steno-bench-client")
     js = client_nc.jetstream()
     await bus.ensure_streams(js, names)
@@ -207,8 +211,9 @@ def make_requests(count: int, sampling: SamplingParams) -> list[GenerationReques
 async def bench_engine(args, name: str, engine, sampling: SamplingParams, requests: int, concurrency: int) -> Result:
     result = Result(name, requests, concurrency)
     await engine_alone(engine, make_requests(requests, sampling), result, args.phase_timeout)
-    await through_bus(args.nats_url, engine, make_requests(requests, sampling), result, args.phase_timeout,
-                      args.batch_interval_ms / 1000)
+    with timed_publishes(result.publish_s):
+        await through_bus(args.nats_url, engine, make_requests(requests, sampling), result, args.phase_timeout,
+                          args.batch_interval_ms / 1000)
     return result
 
 
@@ -247,7 +252,7 @@ def print_table(results: list[Result], baseline: list[float]) -> None:
               f"p99 {percentile(baseline, 0.99) * 1000:.2f} ms, mean {statistics.fmean(baseline) * 1000:.2f} ms "
               f"({len(baseline)} publishes)")
     print("tok/s bus: published, end-to-end through the worker and JetStream; tok/s alone: the engine without a bus; "
-          "pub: JetStream publish latency per message as the worker saw it (batches and ends).")
+          "pub: JetStream publish latency per message as the worker saw it, to its PubAck (batches, groups and ends).")
 
 
 async def main(args) -> None:
