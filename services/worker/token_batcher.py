@@ -4,6 +4,7 @@ most one batch per interval (or per N tokens)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class PendingBatch:
 
 
 Flush = Callable[[PendingBatch], Awaitable[None]]
-_INTERVAL_ELAPSED = object()
+_WAKE = object()
 
 
 # What a client waits for before it sees anything: the answer's message header (in
@@ -66,7 +67,8 @@ async def coalesce(
     message per interval. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event."""
-    queue: asyncio.Queue[tuple[EngineOutput, float] | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[EngineOutput, float] | object | None] = asyncio.Queue()
 
     async def produce() -> None:
         try:
@@ -74,6 +76,27 @@ async def coalesce(
                 await queue.put((output, time.time()))
         finally:
             await queue.put(None)
+
+    # A deadline (the interval's end, the keepalive's) wakes the loop by a mark in the
+    # queue from one timer, armed when an earlier wake is needed and otherwise left to
+    # come early and be armed again: a timeout entered and left around each wait cost a
+    # timer per token, and a steady stream's token comes every few engine steps.
+    timer: asyncio.TimerHandle | None = None
+    timer_at = math.inf
+
+    def wake() -> None:
+        nonlocal timer, timer_at
+        timer, timer_at = None, math.inf
+        queue.put_nowait(_WAKE)
+
+    def wake_at(when: float | None) -> None:
+        nonlocal timer, timer_at
+        if when is None or when >= timer_at:
+            return
+        if timer is not None:
+            timer.cancel()
+        timer_at = when
+        timer = loop.call_later(max(0.0, when - time.monotonic()), wake)
 
     producer = asyncio.create_task(produce())
     pending = PendingBatch()
@@ -83,22 +106,9 @@ async def coalesce(
     flushed_tokens = 0
     try:
         while True:
-            wake = deadline
-            if wake is None and keepalive_s is not None:
-                wake = last_flush + keepalive_s
-            timeout = None if wake is None else max(0.0, wake - time.monotonic())
-            received: tuple[EngineOutput, float] | object | None
-            try:
-                # Cheaper than wait_for (no task per output); an output that comes as the
-                # wait ends stays queued for the next one.
-                async with asyncio.timeout(timeout):
-                    received = await queue.get()
-            except TimeoutError:
-                received = _INTERVAL_ELAPSED
-                if deadline is None:
-                    await flush(PendingBatch())
-                    last_flush = time.monotonic()
-                    continue
+            wake_at(deadline if deadline is not None else last_flush + keepalive_s if keepalive_s is not None
+                    else None)
+            received = await queue.get()
             # What else came meanwhile goes in the same batch.
             while isinstance(received, tuple) and received[0].finish_reason is None and not queue.empty():
                 pending.add(*received)
@@ -111,15 +121,20 @@ async def coalesce(
                 if output.finish_reason is not None:
                     last = output
                     break
-                if deadline is None and pending.token_ids:
+            now = time.monotonic()
+            if not pending.token_ids:
+                if keepalive_s is not None and now >= last_flush + keepalive_s:
+                    await flush(PendingBatch())
+                    last_flush = time.monotonic()
+            else:
+                if deadline is None:
                     deadline = last_flush + interval_s
-            due = (received is _INTERVAL_ELAPSED or len(pending.token_ids) >= max_tokens
-                   or flushed_tokens < eager_tokens or time.monotonic() >= last_flush + QUIET_SHARE * interval_s)
-            if pending.token_ids and due:
-                flushed_tokens += len(pending.token_ids)
-                await flush(pending)
-                pending, deadline = PendingBatch(), None
-                last_flush = time.monotonic()
+                if (now >= deadline or len(pending.token_ids) >= max_tokens or flushed_tokens < eager_tokens
+                        or now >= last_flush + QUIET_SHARE * interval_s):
+                    flushed_tokens += len(pending.token_ids)
+                    await flush(pending)
+                    pending, deadline = PendingBatch(), None
+                    last_flush = time.monotonic()
         try:
             await producer  # re-raises what the engine raised
         except BaseException:
@@ -129,3 +144,5 @@ async def coalesce(
         return last, pending
     finally:
         producer.cancel()
+        if timer is not None:
+            timer.cancel()
