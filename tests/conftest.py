@@ -191,7 +191,8 @@ async def stepping_together_in_one_partition(client: openai.AsyncOpenAI, model: 
         if len(pair) == 2:
             break
     started = {rid for ids in by_partition.values() for rid in ids}
-    for rid in started:
-        while (await client.responses.retrieve(rid)).status in ("queued", "in_progress"):
-            await asyncio.sleep(0.2)
+    async with asyncio.timeout(120):
+        for rid in started:
+            while (await client.responses.retrieve(rid)).status in ("queued", "in_progress"):
+                await asyncio.sleep(0.2)
     return started, pair

@@ -80,7 +80,7 @@ async def coalesce(
     # A deadline (the interval's end, the keepalive's) wakes the loop by a mark in the
     # queue from one timer, armed when an earlier wake is needed and otherwise left to
     # come early and be armed again: a timeout entered and left around each wait cost a
-    # timer per token, and a steady stream's token comes every few engine steps.
+    # timer scheduled and cancelled per token.
     timer: asyncio.TimerHandle | None = None
     timer_at = math.inf
 
@@ -106,8 +106,8 @@ async def coalesce(
     flushed_tokens = 0
     try:
         while True:
-            wake_at(deadline if deadline is not None else last_flush + keepalive_s if keepalive_s is not None
-                    else None)
+            keepalive_at = last_flush + keepalive_s if keepalive_s is not None else None
+            wake_at(deadline if deadline is not None else keepalive_at)
             received = await queue.get()
             # What else came meanwhile goes in the same batch.
             while isinstance(received, tuple) and received[0].finish_reason is None and not queue.empty():
