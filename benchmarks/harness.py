@@ -109,6 +109,24 @@ def group_cpu_seconds(command: str) -> float:
     return total
 
 
+def scratch_database_url(url: str, name: str) -> str:
+    """``url`` naming the database ``name`` on the same server instead."""
+    if "?" in url:  # a unix-socket URL: the database sits before the query
+        base, query = url.split("?", 1)
+        return base.rsplit("/", 1)[0] + f"/{name}?{query}"
+    return url.rsplit("/", 1)[0] + f"/{name}"
+
+
+async def drop_database(url: str) -> None:
+    """Drops the database ``url`` names, whoever is still connected to it."""
+    name = url.split("/")[-1].split("?")[0]
+    admin = await asyncpg.connect(scratch_database_url(url, "postgres"))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -161,10 +179,7 @@ class Bench:
         self.api_replicas = api_replicas
         self.infra = resolve(work / "infra")
         run_id = secrets.token_hex(3)
-        self.database_url = self.infra.database_url.rsplit("/", 1)[0] + f"/steno_bench_{run_id}"
-        if "?" in self.infra.database_url:  # a unix-socket URL: the database sits before the query
-            base, query = self.infra.database_url.split("?", 1)
-            self.database_url = base.rsplit("/", 1)[0] + f"/steno_bench_{run_id}?{query}"
+        self.database_url = scratch_database_url(self.infra.database_url, f"steno_bench_{run_id}")
         # NATS credentials and TLS as the environment gives them (STENO_NATS_*), like any
         # steno command; the rest is the benchmark's own.
         env = ApiSettings.from_env()
@@ -229,13 +244,7 @@ class Bench:
             await asyncio.to_thread(remove_namespace, settings)
         if self.baseline is not None:
             self.baseline.stop(timeout_s=10)
-        admin = await asyncpg.connect(self.database_url.replace(self.database_url.split("/")[-1].split("?")[0],
-                                                                "postgres", 1))
-        try:
-            name = self.database_url.split("/")[-1].split("?")[0]
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(self.database_url)
         self.infra.stop()
 
     # -- scenarios ----------------------------------------------------------------
