@@ -76,8 +76,9 @@ def delta_payload(seq: int, payload_bytes: int) -> str:
     head = {"type": "response.output_text.delta", "item_id": "msg_" + secrets.token_hex(12), "output_index": 1,
             "content_index": 0, "logprobs": [], "sequence_number": seq}
     room = max(payload_bytes - len(orjson.dumps({**head, "delta": ""})), 1)
-    words = (WORDS[(seq + i) % len(WORDS)] for i in range(room))
-    return orjson.dumps({**head, "delta": " ".join(words)[:room]}).decode()
+    words = WORDS[seq % len(WORDS):] + WORDS[:seq % len(WORDS)]
+    prose = " ".join(words * (room // len(" ".join(words)) + 1))
+    return orjson.dumps({**head, "delta": prose[:room]}).decode()
 
 
 def final_snapshot(response_id: str, text: str) -> dict[str, Any]:
