@@ -60,7 +60,7 @@ from steno.services.api.retention import COMPACT_BATCH, RetentionSweeper
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import ApiSettings
-from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 from steno.services.common.nats_options import SECURITY_VARIABLES
 from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
 from steno.services.parser.event_log import EventLog, ResponseWrite
@@ -107,24 +107,6 @@ def group_cpu_seconds(command: str) -> float:
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
     return total
-
-
-def scratch_database_url(url: str, name: str) -> str:
-    """``url`` naming the database ``name`` on the same server instead."""
-    if "?" in url:  # a unix-socket URL: the database sits before the query
-        base, query = url.split("?", 1)
-        return base.rsplit("/", 1)[0] + f"/{name}?{query}"
-    return url.rsplit("/", 1)[0] + f"/{name}"
-
-
-async def drop_database(url: str) -> None:
-    """Drops the database ``url`` names, whoever is still connected to it."""
-    name = url.split("/")[-1].split("?")[0]
-    admin = await asyncpg.connect(scratch_database_url(url, "postgres"))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def rss_bytes(pid: int) -> int:
@@ -179,7 +161,7 @@ class Bench:
         self.api_replicas = api_replicas
         self.infra = resolve(work / "infra")
         run_id = secrets.token_hex(3)
-        self.database_url = scratch_database_url(self.infra.database_url, f"steno_bench_{run_id}")
+        self.database_url = database_url_named(self.infra.database_url, f"steno_bench_{run_id}")
         # NATS credentials and TLS as the environment gives them (STENO_NATS_*), like any
         # steno command; the rest is the benchmark's own.
         env = ApiSettings.from_env()

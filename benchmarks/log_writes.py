@@ -32,13 +32,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import orjson
 
-from steno.benchmarks.harness import drop_database, group_cpu_seconds, scratch_database_url
+from steno.benchmarks.harness import group_cpu_seconds
 from steno.schemas.bus import TokenBatch
 from steno.schemas.events import LoggedEvent
 from steno.services.common.config import Settings
-from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 from steno.services.parser.event_log import EventLog, ResponseWrite, create_parser_pools
 
 SHAPES = ("events", "batches", "both", "ending")
@@ -63,7 +64,6 @@ class Figures:
     postgres_cpu_s: float
     client_cpu_s: float
     wal_bytes: int
-    wall_s: float
 
     def per_response(self) -> dict[str, float]:
         return {"postgres_cpu_us": 1e6 * self.postgres_cpu_s / self.responses,
@@ -107,7 +107,7 @@ def write_of(shape: str, response_id: str, sizes: Sizes) -> ResponseWrite:
 
 async def measure(database_url: str, sizes: Sizes, rounds: int, without_batch_key: bool) -> list[Figures]:
     """Every shape in every round, in a scratch database made and dropped here."""
-    scratch = scratch_database_url(database_url, f"steno_logwrites_{secrets.token_hex(3)}")
+    scratch = database_url_named(database_url, f"steno_logwrites_{secrets.token_hex(3)}")
     await ensure_database(scratch)
     try:
         await asyncio.to_thread(upgrade, scratch)
@@ -131,7 +131,7 @@ async def measure(database_url: str, sizes: Sizes, rounds: int, without_batch_ke
         await drop_database(scratch)
 
 
-async def _commit_all(pool: Any, log: EventLog, shape: str, sizes: Sizes, commits: int, tag: str) -> Figures:
+async def _commit_all(pool: asyncpg.Pool, log: EventLog, shape: str, sizes: Sizes, commits: int, tag: str) -> Figures:
     count = commits * sizes.responses_per_commit
     ids = [f"resp_{tag}_{n}" for n in range(count)]
     # Rows as the API stores them (a small request), made before the clock starts.
@@ -142,14 +142,13 @@ async def _commit_all(pool: Any, log: EventLog, shape: str, sizes: Sizes, commit
     writes = [[write_of(shape, ids[c * sizes.responses_per_commit + r], sizes)
                for r in range(sizes.responses_per_commit)] for c in range(commits)]
     wal_before = await pool.fetchval("SELECT pg_current_wal_insert_lsn()")
-    postgres_before, client_before, started = group_cpu_seconds("postgres"), time.process_time(), time.perf_counter()
+    postgres_before, client_before = group_cpu_seconds("postgres"), time.process_time()
     for commit in writes:
         await log.commit(commit)
-    wall_s = time.perf_counter() - started
     postgres_cpu_s, client_cpu_s = group_cpu_seconds("postgres") - postgres_before, time.process_time() - client_before
     wal_bytes = await pool.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint",
                                     wal_before)
-    return Figures(shape, count, postgres_cpu_s, client_cpu_s, int(wal_bytes), wall_s)
+    return Figures(shape, count, postgres_cpu_s, client_cpu_s, int(wal_bytes))
 
 
 def report(figures: list[Figures]) -> None:
@@ -176,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = Sizes(args.commits, args.responses_per_commit, args.events, args.payload_bytes, args.batches,
                   args.batch_tokens)
-    database_url = os.environ.get("STENO_DATABASE_URL") or Settings.model_fields["database_url"].default
+    database_url = Settings.from_env().database_url
     print(f"{sizes.commits} commits of {sizes.responses_per_commit} responses, {sizes.events} events of about "
           f"{sizes.payload_bytes} bytes and {sizes.batches} batches of {sizes.batch_tokens} tokens each; foreign key "
           f"{'dropped' if args.without_batch_key else 'kept'}", flush=True)

@@ -9,7 +9,6 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import openai
@@ -22,7 +21,7 @@ from steno.services.audit import verify_response
 from steno.services.common import bus
 from steno.services.common.config import ApiSettings
 from steno.services.common.db import asyncpg_dsn
-from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 
 SLOW_MODEL = "steno-slow"
 # A model with a context larger than the bus's largest message holds in prompt token ids.
@@ -31,11 +30,6 @@ LONG_CONTEXT_TOKENS = 400_000
 # A model with a small context, for what happens when a conversation outgrows it.
 SMALL_MODEL = "steno-small"
 SMALL_CONTEXT_TOKENS = 600
-
-
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(asyncpg_dsn(url))
-    return urlunsplit(parts._replace(path="/" + name))
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +42,7 @@ def infrastructure(tmp_path_factory) -> Infrastructure:
 @pytest.fixture(scope="session")
 def settings(infrastructure) -> ApiSettings:
     run_id = secrets.token_hex(4)
-    database_url = _with_database(infrastructure.database_url, f"steno_test_{run_id}")
+    database_url = database_url_named(infrastructure.database_url, f"steno_test_{run_id}")
     asyncio.run(ensure_database(database_url))
     upgrade(database_url)
     settings_of_run = ApiSettings(
@@ -64,14 +58,7 @@ def settings(infrastructure) -> ApiSettings:
 
     remove_namespace(settings_of_run)
 
-    async def drop() -> None:
-        admin = await asyncpg.connect(_with_database(infrastructure.database_url, "postgres"))
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "steno_test_{run_id}" WITH (FORCE)')
-        finally:
-            await admin.close()
-
-    asyncio.run(drop())
+    asyncio.run(drop_database(database_url))
 
 
 @pytest.fixture(scope="session")

@@ -5,29 +5,20 @@ import asyncio
 import subprocess
 import sys
 
-import asyncpg
 import pytest
 
 from steno.infra.processes import service_env
-from steno.services.common.db import asyncpg_dsn
-from steno.services.common.migrate import ensure_database
+from steno.services.common.migrate import database_url_named, drop_database, ensure_database
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def unmigrated(settings):
-    database_url = settings.database_url.rsplit("/", 1)[0] + f"/{settings.namespace}_unmigrated"
+    database_url = database_url_named(settings.database_url, f"{settings.namespace}_unmigrated")
     asyncio.run(ensure_database(database_url))
     yield settings.with_changes(database_url=database_url)
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{settings.namespace}_unmigrated"')
-        finally:
-            await conn.close()
-    asyncio.run(drop())
+    asyncio.run(drop_database(database_url))
 
 
 @pytest.mark.parametrize("command", [("tenants", "list"), ("keys", "list"), ("retention", "list"),

@@ -11,9 +11,8 @@ import pytest
 from steno.schemas.bus import TokenBatch
 from steno.schemas.events import LoggedEvent
 from steno.services.common.db import asyncpg_dsn
-from steno.services.common.migrate import ensure_database, upgrade
+from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 from steno.services.parser.event_log import EventLog, ResponseWrite, create_parser_pools
-from tests.conftest import _with_database
 
 _ADD_RESPONSES = """
 INSERT INTO responses (id, tenant_id, model, status, background, store, request, parse_context, base_snapshot)
@@ -46,15 +45,11 @@ def _event(seq: int) -> LoggedEvent:
 @pytest.fixture
 async def fresh_database(infrastructure):
     """A database of its own: what a test counts there is its own doing."""
-    url = _with_database(infrastructure.database_url, f"steno_event_log_{secrets.token_hex(4)}")
+    url = database_url_named(infrastructure.database_url, f"steno_event_log_{secrets.token_hex(4)}")
     await ensure_database(url)
     await asyncio.to_thread(upgrade, url)
     yield url
-    admin = await asyncpg.connect(_with_database(asyncpg_dsn(infrastructure.database_url), "postgres"))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await drop_database(url)
 
 
 async def test_endings_are_found_by_key_after_the_table_has_grown_under_the_connection(fresh_database):
