@@ -14,14 +14,19 @@ Object stores: ``ns_requests`` (requests too large for a message), ``ns_model_fi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import string
 import zlib
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -33,7 +38,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -57,6 +62,13 @@ WORKER_REGISTRATION_TTL_S = 10.0
 # Each model's requests with a prompt_cache_key are spread over this many shards, which
 # its workers share out between them as leases.
 AFFINITY_SHARDS = 8
+# How long a starting process asks JetStream again while it is unavailable or slow to
+# answer, before giving up (and exiting, for its supervisor to start it again).
+START_PATIENCE_S = 60.0
+START_RETRY_FIRST_S = 0.1
+START_RETRY_MOST_S = 2.0
+
+T = TypeVar("T")
 
 
 @lru_cache(maxsize=1024)
@@ -178,12 +190,43 @@ async def connect(nats_config: Settings | NatsOptions, name: str, *, max_reconne
     return await open_connection(options, name, max_reconnect_attempts=max_reconnect_attempts)
 
 
+def unanswered(error: BaseException) -> bool:
+    """Whether a JetStream request failed only for want of an answer in time: JetStream
+    still starting (no responders, 503) or a server too busy to answer within the
+    request's timeout. Asking again may succeed; any other error would come again."""
+    return isinstance(error, NatsTimeoutError | NoRespondersError | ServiceUnavailableError)
+
+
+async def patiently(request: Callable[[], Awaitable[T]], what: str,
+                    patience_s: float = START_PATIENCE_S) -> T:
+    """Makes a JetStream set-up request, asking again while it goes unanswered, for at
+    most ``patience_s``. The connection already waits for a server still starting; the
+    set-up after it waits for its JetStream too, so that one late answer on a loaded
+    machine does not end a process that is starting. Requests made this way must be
+    safe to repeat: the unanswered one may have taken effect."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    delay = START_RETRY_FIRST_S
+    while True:
+        try:
+            return await request()
+        except Exception as error:
+            if not unanswered(error) or loop.time() + delay > deadline:
+                raise
+            log.warning("%s: JetStream did not answer (%s); asking again in %.1f s", what, error, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, START_RETRY_MOST_S)
+
+
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
-    try:
-        await js.add_stream(config)
-    except BadRequestError:
-        # Exists with other settings: bring it to ours.
-        await js.update_stream(config)
+    async def declare() -> None:
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            # Exists with other settings: bring it to ours.
+            await js.update_stream(config)
+
+    await patiently(declare, f"declaring stream {config.name}")
 
 
 async def ensure_streams(js: JetStreamContext, names: Names) -> None:
@@ -217,6 +260,10 @@ async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int
     """Opens a KV bucket, creating it on first use. A bucket made with another TTL (by an
     earlier release) takes this one: a TTL is the bucket's stream's age limit, fixed when
     it is created unless the stream is updated."""
+    return await patiently(lambda: _open_kv_bucket(js, name, ttl_s, replicas), f"opening bucket {name}")
+
+
+async def _open_kv_bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -> KeyValue:
     try:
         bucket = await js.key_value(name)
     except BucketNotFoundError:
@@ -244,11 +291,26 @@ async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
 async def request_store(js: JetStreamContext, names: Names) -> ObjectStore:
     """Generation requests too large for a bus message (``StoredGenerationRequest``),
     by response id; they expire with the token streams."""
-    try:
-        return await js.object_store(names.requests_store)
-    except BucketNotFoundError:
-        return await js.create_object_store(names.requests_store, ObjectStoreConfig(
-            bucket=names.requests_store, ttl=TOKENS_MAX_AGE_S, storage=StorageType.FILE, replicas=names.replicas))
+    return await object_store(js, ObjectStoreConfig(
+        bucket=names.requests_store, ttl=TOKENS_MAX_AGE_S, storage=StorageType.FILE, replicas=names.replicas))
+
+
+async def object_store(js: JetStreamContext, config: ObjectStoreConfig) -> ObjectStore:
+    """Opens an object store, creating it with ``config`` on first use."""
+    bucket = config.bucket or ""
+
+    async def open_store() -> ObjectStore:
+        try:
+            return await js.object_store(bucket)
+        except BucketNotFoundError:
+            return await js.create_object_store(bucket, config)
+
+    return await patiently(open_store, f"opening object store {bucket}")
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    """Declares a durable consumer (idempotently: the same config again changes nothing)."""
+    await patiently(lambda: js.add_consumer(stream, config), f"declaring consumer {config.durable_name}")
 
 
 def message_limit(nc: Client) -> int:

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from steno.services.common.bus import START_PATIENCE_S, unanswered
+
 log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
@@ -93,13 +95,17 @@ class KvMirror:
         return entry.value or b""
 
     async def _follow(self, loaded: asyncio.Future) -> None:
+        # Until the keys are first in, a JetStream that does not answer yet is waited for
+        # as long as a starting process waits for it; any other failure ends the start.
+        patient_until = asyncio.get_running_loop().time() + START_PATIENCE_S
         while True:
             try:
                 await self._watch_once(loaded)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not loaded.done():
+                starting = not loaded.done()
+                if starting and not (unanswered(exc) and asyncio.get_running_loop().time() < patient_until):
                     loaded.set_exception(exc)
                     return
                 log.warning("watching bucket %s failed (%s); watching again", self._name, exc)

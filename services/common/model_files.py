@@ -13,11 +13,11 @@ import tempfile
 
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from steno.schemas.bus import ChatTemplateFiles
-from steno.services.common.bus import Names
+from steno.services.common.bus import Names, object_store
 from steno.services.dialects import model_files_dir
 
 
@@ -26,11 +26,8 @@ class ModelFilesMissing(LookupError):
 
 
 async def model_files_store(js: JetStreamContext, names: Names) -> ObjectStore:
-    try:
-        return await js.object_store(names.model_files_store)
-    except BucketNotFoundError:
-        return await js.create_object_store(names.model_files_store, ObjectStoreConfig(
-            bucket=names.model_files_store, storage=StorageType.FILE, replicas=names.replicas))
+    return await object_store(js, ObjectStoreConfig(
+        bucket=names.model_files_store, storage=StorageType.FILE, replicas=names.replicas))
 
 
 async def publish_model_files(js: JetStreamContext, names: Names, files: ChatTemplateFiles) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from functools import partial
 
 from steno.services import dialects
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> None:
                                     }))
         log.info("parser %s ready", parser_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        failed = task.done() and not task.cancelled() and task.exception() is not None
+        if failed:
+            log.error("parser stopped: %s", task.exception(), exc_info=task.exception())
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await service.stop()
@@ -65,5 +69,8 @@ def run(args: argparse.Namespace) -> None:
         await nc.flush()
         await nc.close()
         await pools.close()
+        if failed:
+            # A supervisor restarts a process that failed, not one that finished.
+            sys.exit(1)
 
     run_until_signalled(main)

@@ -22,7 +22,14 @@ from pydantic import ValidationError
 from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_partition_message, unpacked
 from steno.schemas.responses import ParseContext
 from steno.services.common import logs
-from steno.services.common.bus import Names, durable_pull_config, ensure_streams, message_limit, partition_of
+from steno.services.common.bus import (
+    Names,
+    durable_pull_config,
+    ensure_consumer,
+    ensure_streams,
+    message_limit,
+    partition_of,
+)
 from steno.services.common.continuous_pull import ContinuousPull
 from steno.services.common.group_commit import GroupCommitter
 from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
@@ -81,7 +88,8 @@ class ParserService:
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
         for partition in range(self._names.token_partitions):
-            await self._js.add_consumer(
+            await ensure_consumer(
+                self._js,
                 self._names.tokens_stream,
                 durable_pull_config(
                     self._names.parser_consumer(partition),

@@ -47,6 +47,7 @@ from steno.services.common.bus import (
     Names,
     cancel_flags,
     durable_pull_config,
+    ensure_consumer,
     ensure_streams,
     message_limit,
     model_token,
@@ -157,7 +158,8 @@ class GenerationWorker:
         if self._dialect_files is not None:
             await publish_model_files(self._js, names, self._dialect_files)
         durable = names.worker_consumer(self._model)
-        await self._js.add_consumer(
+        await ensure_consumer(
+            self._js,
             names.gen_stream,
             durable_pull_config(
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=ACK_WAIT_S
@@ -239,7 +241,7 @@ class GenerationWorker:
         feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=1, credits=self._credits, held=self._held)
         while True:
             try:
-                await self._js.add_consumer(names.gen_stream, durable_pull_config(
+                await ensure_consumer(self._js, names.gen_stream, durable_pull_config(
                     durable, names.gen_affinity_subject(self._model, shard), MAX_DELIVER, max_ack_pending=10_000,
                     ack_wait_s=ACK_WAIT_S))
                 await feed.start()

@@ -14,10 +14,13 @@ from steno.infra.embedded import answers, free_port, nats_server_binary
 
 
 class NatsNode:
-    def __init__(self, data_dir: Path, name: str, port: int, cluster_port: int | None, routes: list[int]) -> None:
+    def __init__(self, data_dir: Path, name: str, port: int, cluster_port: int | None, routes: list[int],
+                 jetstream: bool = True) -> None:
+        """``jetstream=False``: core NATS alone, as a server whose JetStream is not up yet."""
         self.data_dir, self.name, self.port = data_dir, name, port
-        self.argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir / name),
-                     "--server_name", name]
+        self.argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "--server_name", name]
+        if jetstream:
+            self.argv += ["-js", "-sd", str(data_dir / name)]
         if cluster_port is not None:
             self.argv += ["--cluster_name", "steno", "--cluster", f"nats://127.0.0.1:{cluster_port}",
                           "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in routes)]

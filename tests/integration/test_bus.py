@@ -1,0 +1,95 @@
+"""A stack started before its NATS has JetStream: each service waits for JetStream (saying
+so in its log) instead of exiting, and serves once it is there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from nats.js.api import RetentionPolicy, StreamConfig
+
+from steno.infra.embedded import free_port
+from steno.infra.processes import ServiceProcess, Stack, wait_healthy
+from steno.services.common import bus
+from steno.services.common.config import ApiSettings
+from tests.fault.infra import NatsNode
+
+pytestmark = pytest.mark.integration
+
+WAITING = "JetStream did not answer"
+# Well inside the services' patience (bus.START_PATIENCE_S), start-up included.
+SEEN_WAITING_WITHIN_S = 40.0
+
+
+def wait_until_waiting(processes: list[ServiceProcess]) -> None:
+    deadline = time.monotonic() + SEEN_WAITING_WITHIN_S
+    for process in processes:
+        while WAITING not in process.log_text():
+            assert process.exited() is None, f"{process.name} exited:\n{process.log_text()}"
+            assert time.monotonic() < deadline, f"{process.name} never waited for JetStream:\n{process.log_text()}"
+            time.sleep(0.2)
+
+
+def test_services_started_before_jetstream_wait_for_it_and_then_serve(settings: ApiSettings, tmp_path: Path):
+    port = free_port()
+    core_only = NatsNode(tmp_path, "n0", port, None, [], jetstream=False)
+    core_only.start()
+    # The NATS is the test's own, and so are the streams it will hold.
+    stack = Stack(settings.with_changes(nats_url=f"nats://127.0.0.1:{port}", auth_disabled=True), tmp_path)
+    with_jetstream: NatsNode | None = None
+    try:
+        parser = stack.add("parser", "parser")
+        worker = stack.add("worker", "worker", "--sim-tokens-per-s", "0")
+        api_port = free_port()
+        stack.api_ports.append(api_port)
+        api = stack.add("api", "api", "--port", str(api_port))
+        wait_until_waiting([parser, worker, api])
+
+        # The same server restarted with JetStream, as when it comes back after an upgrade.
+        core_only.stop()
+        with_jetstream = NatsNode(tmp_path, "n0", port, None, [])
+        with_jetstream.start()
+        wait_healthy(f"http://127.0.0.1:{api_port}", api)
+        client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+        response = client.responses.create(model="steno-simulator", input="Say hello")
+        assert response.status == "completed", stack.logs()
+        assert response.output_text
+        assert [process.exited() for process in (parser, worker, api)] == [None, None, None], stack.logs()
+    except Exception:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop()
+        for server in (core_only, with_jetstream):
+            if server is not None:
+                server.stop()
+
+
+async def test_a_stream_that_cannot_take_the_settings_ends_each_service_visibly(settings: ApiSettings, tmp_path: Path):
+    """An error that waiting cannot mend (here the token stream, made by something else
+    as a work queue, which JetStream will not turn into a log) is not waited out: each
+    service exits with a failure and says why, for its supervisor and its operator."""
+    stack = Stack(settings.with_changes(namespace=settings.namespace + "clash", auth_disabled=True), tmp_path)
+    names = bus.Names.from_settings(stack.settings)
+    nc = await bus.connect(stack.settings, "steno-test")
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=names.tokens_stream, subjects=[f"{names.namespace}.tokens.>"],
+                                     retention=RetentionPolicy.WORK_QUEUE))
+    try:
+        processes = [stack.add("parser", "parser"), stack.add("worker", "worker"),
+                     stack.add("api", "api", "--port", str(free_port()))]
+        deadline = time.monotonic() + SEEN_WAITING_WITHIN_S
+        while any(process.exited() is None for process in processes):
+            assert time.monotonic() < deadline, stack.logs()
+            await asyncio.sleep(0.2)
+        for process in processes:
+            assert process.exited() != 0, process.log_text()
+            assert "retention" in process.log_text(), process.log_text()
+            assert WAITING not in process.log_text()
+    finally:
+        stack.stop()
+        await bus.remove_namespace(js, names)
+        await nc.close()
