@@ -56,7 +56,6 @@ def run(args: argparse.Namespace) -> None:
                                                              [names.parser_consumer(p)
                                                               for p in range(names.token_partitions)]),
                                     }))
-        log.info("parser %s ready", parser_id)
         await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         failed = task.done() and not task.cancelled() and task.exception() is not None
         if failed:

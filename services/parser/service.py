@@ -73,6 +73,7 @@ class ParserService:
         self._log = EventLog(pools.planned, appends=pools.appends)
         self._committer = GroupCommitter(self._log.commit)
         self._names = names
+        self._instance_id = instance_id
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
         self._leases = PartitionLeases(nc, leases_bucket=names.parser_leases_bucket,
                                        holders_bucket=names.parsers_bucket, partitions=names.token_partitions,
@@ -99,6 +100,7 @@ class ParserService:
                     ack_wait_s=ACK_WAIT_S,
                 ),
             )
+        log.info("parser %s ready", self._instance_id)
         beats = asyncio.create_task(self._beat())
         try:
             await self._leases.run(self._start_partition, self._stop_partition)

@@ -51,6 +51,7 @@ from steno.services.common.bus import (
     ensure_streams,
     message_limit,
     model_token,
+    patiently,
     request_store,
     worker_registry,
 )
@@ -156,7 +157,8 @@ class GenerationWorker:
         await ensure_streams(self._js, names)
         await self._publisher.start()
         if self._dialect_files is not None:
-            await publish_model_files(self._js, names, self._dialect_files)
+            files = self._dialect_files
+            await patiently(lambda: publish_model_files(self._js, names, files), "publishing the model's files")
         durable = names.worker_consumer(self._model)
         await ensure_consumer(
             self._js,

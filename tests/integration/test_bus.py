@@ -43,10 +43,13 @@ def test_services_started_before_jetstream_wait_for_it_and_then_serve(settings: 
     try:
         parser = stack.add("parser", "parser")
         worker = stack.add("worker", "worker", "--sim-tokens-per-s", "0")
+        # A chat-template model's worker publishes the model's files too.
+        chat_worker = stack.add("worker-qwen3", "worker", "--model", "sim-qwen3", "--sim-dialect", "qwen3",
+                                "--sim-tokens-per-s", "0")
         api_port = free_port()
         stack.api_ports.append(api_port)
         api = stack.add("api", "api", "--port", str(api_port))
-        wait_until_waiting([parser, worker, api])
+        wait_until_waiting([parser, worker, chat_worker, api])
 
         # The same server restarted with JetStream, as when it comes back after an upgrade.
         core_only.stop()
@@ -54,10 +57,11 @@ def test_services_started_before_jetstream_wait_for_it_and_then_serve(settings: 
         with_jetstream.start()
         wait_healthy(f"http://127.0.0.1:{api_port}", api)
         client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-        response = client.responses.create(model="steno-simulator", input="Say hello")
-        assert response.status == "completed", stack.logs()
-        assert response.output_text
-        assert [process.exited() for process in (parser, worker, api)] == [None, None, None], stack.logs()
+        for model in ("steno-simulator", "sim-qwen3"):
+            response = client.responses.create(model=model, input="Say hello")
+            assert response.status == "completed", stack.logs()
+            assert response.output_text
+        assert [process.exited() for process in (parser, worker, chat_worker, api)] == [None] * 4, stack.logs()
     except Exception:
         print(stack.logs())
         raise
