@@ -60,6 +60,7 @@ from steno.services.api.retention import COMPACT_BATCH, RetentionSweeper
 from steno.services.api.store import ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import ApiSettings
+from steno.services.common.metrics import consumer_states
 from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 from steno.services.common.nats_options import SECURITY_VARIABLES
 from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
@@ -300,23 +301,25 @@ class Bench:
                 "events_per_s": sum(s["events"] for s in samples) / elapsed,
                 "latency_ms_p50": pct(latency, .5), "latency_ms_p99": pct(latency, .99)}
 
-    async def _stage_backlogs(self, stop: asyncio.Event, every_s: float = 0.25) -> dict[str, dict[str, float]]:
+    async def _stage_backlogs(self, stop: asyncio.Event, every_s: float = 1.0) -> dict[str, dict[str, float]]:
         """Samples JetStream's per-stage counters while a run lasts: requests waiting for
         a worker (GEN), and token messages waiting for the parser (TOKENS, all
-        partitions). The stage whose queue grows is the bottleneck."""
+        partitions). The stage whose queue grows is the bottleneck. One listing per
+        stream and sample, as the API's gauges read them: a request per consumer, four
+        times a second, cost NATS a share of the CPU the run measures."""
         names = Names.from_settings(self.settings)
+        parsers = {names.parser_consumer(partition) for partition in range(names.token_partitions)}
         nc = await connect(self.settings, "steno-bench-backlogs")
         js = nc.jetstream()
         samples: dict[str, list[int]] = {"generation_waiting": [], "tokens_waiting_for_parser": []}
         try:
             while not stop.is_set():
-                worker = await js.consumer_info(names.gen_stream, names.worker_consumer(MODEL))
-                tokens = 0
-                for partition in range(names.token_partitions):
-                    info = await js.consumer_info(names.tokens_stream, names.parser_consumer(partition))
-                    tokens += info.num_pending + info.num_ack_pending
-                samples["generation_waiting"].append(worker.num_pending)
-                samples["tokens_waiting_for_parser"].append(tokens)
+                work = await consumer_states(js, names.gen_stream)
+                tokens = await consumer_states(js, names.tokens_stream)
+                samples["generation_waiting"].append(
+                    sum(c.pending for c in work if c.name == names.worker_consumer(MODEL)))
+                samples["tokens_waiting_for_parser"].append(
+                    sum(c.pending + c.ack_pending for c in tokens if c.name in parsers))
                 with suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), every_s)
         finally:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from steno.schemas.events import LoggedEvent
@@ -22,6 +23,8 @@ from steno.schemas.events import LoggedEvent
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# JetStream lists at most this many consumers per request.
+_CONSUMERS_PAGE = 256
 
 # The API.
 API_REQUESTS = Counter("steno_api_requests_total", "HTTP requests answered, by route template and status",
@@ -127,6 +130,16 @@ class QueueDepth:
     partition: str
     pending: int
     ack_pending: int
+
+
+async def consumer_states(js: JetStreamContext, stream: str) -> list[ConsumerState]:
+    """Every durable consumer of ``stream``, in one JetStream request per page of them."""
+    found: list[ConsumerState] = []
+    while True:
+        page = await js.consumers_info(stream, offset=len(found))
+        found += [ConsumerState(info.name, info.num_pending or 0, info.num_ack_pending or 0) for info in page]
+        if len(page) < _CONSUMERS_PAGE:
+            return found
 
 
 def work_queue_depths(consumers: Iterable[ConsumerState], consumer_models: dict[str, str]) -> list[QueueDepth]:
