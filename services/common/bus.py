@@ -211,11 +211,27 @@ async def patiently(request: Callable[[], Awaitable[T]], what: str,
         try:
             return await request()
         except Exception as error:
-            if not unanswered(error) or loop.time() + delay > deadline:
+            if not unanswered(error):
                 raise
-            log.warning("%s: JetStream did not answer (%s); asking again in %.1f s", what, error, delay)
+            if loop.time() + delay > deadline:
+                raise JetStreamUnanswered(
+                    f"{what}: JetStream did not answer for {patience_s:g} s ({_why_unanswered(error)}); is "
+                    "JetStream enabled on the NATS server (nats-server -js, or a jetstream block in its "
+                    "configuration)?") from error
+            log.warning("%s: JetStream did not answer (%s); asking again in %.1f s", what,
+                        _why_unanswered(error), delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, START_RETRY_MOST_S)
+
+
+class JetStreamUnanswered(RuntimeError):
+    """A starting process gave up waiting for JetStream."""
+
+
+def _why_unanswered(error: BaseException) -> str:
+    if isinstance(error, NatsTimeoutError):
+        return "no answer within the request's timeout"
+    return "no JetStream is answering yet"
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

@@ -44,12 +44,15 @@ async def test_a_request_is_asked_again_until_it_is_answered(caplog):
     assert len(waits) == 3 and all(message.startswith("declaring stream S") for message in waits)
 
 
-async def test_the_last_unanswered_error_is_raised_once_patience_is_spent():
-    request = Flaky([NatsTimeoutError()] * 50)
-    with pytest.raises(NatsTimeoutError):
+async def test_once_patience_is_spent_the_error_says_what_waited_and_what_to_check():
+    request = Flaky([ServiceUnavailableError()] * 50)
+    with pytest.raises(bus.JetStreamUnanswered) as gave_up:
         await bus.patiently(request, "opening bucket B", patience_s=0.5)
     # Waits double from the first: 0.1, 0.2 fit in half a second, the next would not.
     assert request.asked == 3
+    assert str(gave_up.value).startswith("opening bucket B: JetStream did not answer for 0.5 s")
+    assert "is JetStream enabled on the NATS server" in str(gave_up.value)
+    assert isinstance(gave_up.value.__cause__, ServiceUnavailableError)
 
 
 async def test_an_error_that_would_come_again_is_raised_at_once():
