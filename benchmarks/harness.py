@@ -185,6 +185,22 @@ class Bench:
         self.baseline = await self.start_baseline("baseline", self.baseline_port)
         await asyncio.sleep(3)  # the parser takes its partitions
 
+    async def server_versions(self) -> dict[str, str]:
+        """The versions of the NATS and Postgres servers the run uses: their CPU per
+        request differs from release to release (docs/performance.md)."""
+        nc = await connect(self.settings, "steno-bench-versions")
+        try:
+            nats_version = nc.connected_server_version
+        finally:
+            await nc.close()
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            postgres_version = await conn.fetchval("SHOW server_version")
+        finally:
+            await conn.close()
+        return {"nats": f"{nats_version.major}.{nats_version.minor}.{nats_version.patch}",
+                "postgres": postgres_version.split()[0]}
+
     async def start_baseline(self, name: str, port: int, *flags: str) -> ServiceProcess:
         """A baseline server (``benchmarks/baseline.py``) with its own flags, once healthy."""
         with open(self.work / f"{name}.log", "ab") as log:
@@ -675,7 +691,7 @@ def chart(results: dict[str, Any], path: Path) -> bool:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     scenarios = SCENARIOS if args.scenarios == "all" else args.scenarios.split(",")
-    machine = {"cpus": os.cpu_count(), "yardstick_ms": round(yardstick_ms(), 3)}
+    machine: dict[str, Any] = {"cpus": os.cpu_count(), "yardstick_ms": round(yardstick_ms(), 3)}
     print(f"machine: {machine['cpus']} cores, yardstick {machine['yardstick_ms']} ms (sum(range(100000)), best of 5)")
     results: dict[str, Any] = {"scenarios": scenarios, "machine": machine, "api_replicas": args.api_replicas}
     with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
@@ -686,6 +702,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         bench = Bench(work, args.api_replicas)
         try:
             await bench.start()
+            servers = machine["servers"] = await bench.server_versions()
+            print(f"servers: NATS {servers['nats']}, Postgres {servers['postgres']}")
             if "ttfe" in scenarios:
                 results["ttfe"] = await bench.ttfe([int(x) for x in args.ttfe_levels.split(",")], args.ttfe_samples)
             if "throughput" in scenarios:
