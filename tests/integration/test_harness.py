@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import asyncpg
 import pytest
 
-from steno.benchmarks.harness import Bench
+from steno.benchmarks.harness import STORAGE_MIN_EVENTS, Bench
 from steno.services.common import bus
 from steno.services.common.migrate import drop_database, ensure_database
 
@@ -31,3 +34,20 @@ async def test_a_run_names_the_nats_and_postgres_versions_it_uses(tmp_path, sett
     assert re.fullmatch(r"\d+\.\d+\.\d+", versions["nats"])
     assert reported.startswith(versions["nats"])
     assert int(versions["postgres"].split(".")[0]) == int(server_version_num) // 10000
+
+
+def test_the_storage_scenario_alone_stores_what_it_measures(tmp_path, settings):
+    """Run by itself, no other scenario has stored anything: it makes its own streams
+    first, and reports the bytes of real events, as rows and compacted."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "storage",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    storage = results["storage"]
+    assert storage["events"] >= STORAGE_MIN_EVENTS
+    assert storage["events_compacted"] >= storage["events"]
+    assert 0 < storage["bytes_per_event_compacted"] < storage["bytes_per_event"]
+    assert storage["avg_payload_bytes"] > 0
+    assert set(results["machine"]["servers"]) == {"nats", "postgres"}
+    assert f"servers: NATS {results['machine']['servers']['nats']}" in done.stdout
