@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from steno.services.common.bus import START_PATIENCE_S, unanswered
+from steno.services.common.bus import patiently
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,11 @@ class KvMirror:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        """Returns once the bucket's current keys are in memory."""
+        """Returns once the bucket's current keys are in memory; a JetStream that does not
+        answer yet is waited for as any start-up request is (``bus.patiently``)."""
+        await patiently(self._begin_following, f"watching bucket {self._name}")
+
+    async def _begin_following(self) -> None:
         loaded = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._follow(loaded))
         await loaded
@@ -95,17 +99,13 @@ class KvMirror:
         return entry.value or b""
 
     async def _follow(self, loaded: asyncio.Future) -> None:
-        # Until the keys are first in, a JetStream that does not answer yet is waited for
-        # as long as a starting process waits for it; any other failure ends the start.
-        patient_until = asyncio.get_running_loop().time() + START_PATIENCE_S
         while True:
             try:
                 await self._watch_once(loaded)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                starting = not loaded.done()
-                if starting and not (unanswered(exc) and asyncio.get_running_loop().time() < patient_until):
+                if not loaded.done():
                     loaded.set_exception(exc)
                     return
                 log.warning("watching bucket %s failed (%s); watching again", self._name, exc)
