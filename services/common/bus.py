@@ -307,21 +307,19 @@ async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
 async def request_store(js: JetStreamContext, names: Names) -> ObjectStore:
     """Generation requests too large for a bus message (``StoredGenerationRequest``),
     by response id; they expire with the token streams."""
-    return await object_store(js, ObjectStoreConfig(
-        bucket=names.requests_store, ttl=TOKENS_MAX_AGE_S, storage=StorageType.FILE, replicas=names.replicas))
+    config = ObjectStoreConfig(bucket=names.requests_store, ttl=TOKENS_MAX_AGE_S, storage=StorageType.FILE,
+                               replicas=names.replicas)
+    return await patiently(lambda: object_store(js, config), f"opening object store {names.requests_store}")
 
 
 async def object_store(js: JetStreamContext, config: ObjectStoreConfig) -> ObjectStore:
-    """Opens an object store, creating it with ``config`` on first use."""
+    """Opens an object store, creating it with ``config`` on first use (at once: a
+    start-up that should wait for JetStream wraps it in ``patiently``)."""
     bucket = config.bucket or ""
-
-    async def open_store() -> ObjectStore:
-        try:
-            return await js.object_store(bucket)
-        except BucketNotFoundError:
-            return await js.create_object_store(bucket, config)
-
-    return await patiently(open_store, f"opening object store {bucket}")
+    try:
+        return await js.object_store(bucket)
+    except BucketNotFoundError:
+        return await js.create_object_store(bucket, config)
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:

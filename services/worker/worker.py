@@ -243,7 +243,8 @@ class GenerationWorker:
         feed = ContinuousPull(self._nc, names.gen_stream, durable, batch=1, credits=self._credits, held=self._held)
         while True:
             try:
-                await ensure_consumer(self._js, names.gen_stream, durable_pull_config(
+                # Not ensure_consumer: this loop asks again for as long as the lease is held.
+                await self._js.add_consumer(names.gen_stream, durable_pull_config(
                     durable, names.gen_affinity_subject(self._model, shard), MAX_DELIVER, max_ack_pending=10_000,
                     ack_wait_s=ACK_WAIT_S))
                 await feed.start()
