@@ -54,8 +54,10 @@ class MessageStarted:
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
-    # Index of the token that produced this text within the tokens fed in one call.
+    # The tokens that produced this text, within the tokens fed in one call: from
+    # token_index, token_count of them.
     token_index: int
+    token_count: int = 1
 
 
 @dataclass(frozen=True, slots=True)

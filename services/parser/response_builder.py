@@ -90,8 +90,9 @@ class ResponseBuilder:
             if isinstance(fragment, TextDelta):
                 pending.append(fragment.text)
                 if logprobs is not None and isinstance(self._open, MessageItem) and self._open.with_logprobs:
-                    pending_logprobs.append(
-                        self._logprob_entry(token_ids, logprobs, top_logprobs, fragment.token_index))
+                    pending_logprobs.extend(
+                        self._logprob_entry(token_ids, logprobs, top_logprobs, index)
+                        for index in range(fragment.token_index, fragment.token_index + fragment.token_count))
             elif isinstance(fragment, MessageStarted):
                 flush()
                 self._open_item(fragment)

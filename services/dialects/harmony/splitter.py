@@ -1,9 +1,10 @@
 """Splits a gpt-oss completion token stream into Harmony messages.
 
 A pure, incremental layer: tokens in, a flat list of message fragments out (message
-started / text delta / message ended), exactly as openai-harmony's StreamableParser
-reads the stream (its parser reads every header). It knows nothing of the Responses
-API; the parser service turns fragments into events."""
+started / text delta / message ended), as openai-harmony's StreamableParser reads the
+stream (its parser reads every header): the same text from the same tokens, with a run
+of tokens that are whole characters each read as one delta rather than one per token.
+It knows nothing of the Responses API; the parser service turns fragments into events."""
 
 from __future__ import annotations
 
@@ -48,8 +49,23 @@ class HarmonyStreamSplitter:
         if self._broken:
             return fragments
         grammar = self._grammar
-        for index, token in enumerate(token_ids):
+        index, fed = 0, len(token_ids)
+        while index < fed:
+            token = token_ids[index]
             if self._state is _CONTENT:
+                text = "" if self._undecoded else grammar.text_of(token)
+                if text:
+                    # Tokens of whole characters read as one delta, however many follow: a
+                    # delta per token was most of the splitter's work (docs/performance.md).
+                    texts, end = [text], index + 1
+                    while end < fed and (text := grammar.text_of(token_ids[end])):
+                        texts.append(text)
+                        end += 1
+                    fragments.append(TextDelta("".join(texts), index, end - index))
+                    if self.channel == "analysis":
+                        self.reasoning_tokens += end - index
+                    index = end
+                    continue
                 if self.channel == "analysis":
                     self.reasoning_tokens += 1
                 if token in grammar.stop_tokens:
@@ -57,10 +73,10 @@ class HarmonyStreamSplitter:
                     self.channel = None
                     self._state = _EXPECT_START
                     self._undecoded = b""
-                    continue
-                delta = self._decode(grammar.bytes_of(token))
-                if delta:
-                    fragments.append(TextDelta(delta, index))
+                else:
+                    delta = self._decode(grammar.bytes_of(token))
+                    if delta:
+                        fragments.append(TextDelta(delta, index))
             elif self._state is _EXPECT_START:
                 if token != grammar.start_token:
                     return self._break(
@@ -81,6 +97,7 @@ class HarmonyStreamSplitter:
                                                 header.content_type))
                 if self.channel == "analysis":
                     self.reasoning_tokens += 1
+            index += 1
         return fragments
 
     def _decode(self, data: bytes) -> str | None:
@@ -135,6 +152,7 @@ class HarmonyGrammar:
         (self.message_token,) = encoding.encode("<|message|>", allowed_special="all")
         self.stop_tokens = frozenset(encoding.stop_tokens())
         self._bytes: dict[int, bytes] = {}
+        self._texts: dict[int, str] = {}
         self._headers: OrderedDict[tuple[bool, tuple[int, ...]], MessageStarted | str] = OrderedDict()
 
     def bytes_of(self, token: int) -> bytes:
@@ -143,6 +161,19 @@ class HarmonyGrammar:
             data = self._encoding.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
             self._bytes[token] = data
         return data
+
+    def text_of(self, token: int) -> str:
+        """The text a content token reads as by itself: empty for a stop token, a token
+        of no bytes, or one whose bytes are not whole characters (it needs its
+        neighbours' to become text)."""
+        text = self._texts.get(token)
+        if text is None:
+            try:
+                text = "" if token in self.stop_tokens else self.bytes_of(token).decode("utf-8")
+            except UnicodeDecodeError:
+                text = ""
+            self._texts[token] = text
+        return text
 
     def header(self, first_message: bool, tokens: tuple[int, ...]) -> MessageStarted | str:
         """What Harmony reads in a header (the tokens between ``<|start|>`` and

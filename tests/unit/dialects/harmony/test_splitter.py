@@ -3,7 +3,7 @@ from hypothesis import strategies as st
 
 from steno.schemas.responses import ParseContext
 from steno.services.dialects import MalformedOutput, MessageEnded, MessageStarted, TextDelta
-from steno.services.dialects.harmony.splitter import normalized_recipient
+from steno.services.dialects.harmony.splitter import HarmonyGrammar, normalized_recipient
 from tests.harmony_samples import assistant, completion, encoding, harmony
 
 
@@ -26,6 +26,24 @@ def messages_of(fragments):
     return out
 
 
+def deltas_joined(fragments):
+    """Fragments with each run of consecutive deltas as one: its text, and every token
+    that produced a part of it. The splitter reads a run of whole-character tokens as one
+    delta where Harmony's parser reports one per token; the two agree in this form."""
+    joined = []
+    for fragment in fragments:
+        if isinstance(fragment, TextDelta):
+            tokens = list(range(fragment.token_index, fragment.token_index + fragment.token_count))
+            if joined and isinstance(joined[-1], tuple):
+                text, earlier = joined[-1]
+                joined[-1] = (text + fragment.text, earlier + tokens)
+            else:
+                joined.append((fragment.text, tokens))
+        else:
+            joined.append(fragment)
+    return joined
+
+
 def test_reasoning_then_answer():
     tokens = completion([assistant("analysis", "Let me think."), assistant("final", "Hi there!")])
     splitter, fragments = split_all(tokens, [])
@@ -33,6 +51,32 @@ def test_reasoning_then_answer():
     assert sum(isinstance(f, MessageEnded) for f in fragments) == 2
     # <|message|>, the text, and the closing <|end|>
     assert splitter.reasoning_tokens == len(encoding().encode("Let me think.")) + 2
+
+
+def test_a_run_of_whole_characters_is_one_delta_and_a_split_character_waits():
+    """Tokens that are whole characters each come as one delta naming them all; a token
+    that ends partway through a character produces no text of its own, and the token
+    that completes it is the one its text is reported at."""
+    enc = encoding()
+    tokens = completion([assistant("final", "plain words, then a split one")])
+    _, fragments = split_all(tokens, [])
+    deltas = [f for f in fragments if isinstance(f, TextDelta)]
+    first_text = next(i for i, f in enumerate(fragments) if isinstance(f, MessageStarted)) + 1
+    assert len(deltas) == 1 and deltas[0].text == "plain words, then a split one"
+    assert deltas[0].token_count == len(enc.encode("plain words, then a split one"))
+    assert fragments[first_text] == deltas[0]
+
+    splitter = harmony().splitter(ParseContext())
+    splitter.feed(completion([assistant("final", "")])[:-1])  # into the message's content
+    grammar = HarmonyGrammar(encoding())
+    euro = "\u20ac".encode()
+
+    def token_of(data):
+        return next(token for token in range(256) if grammar.bytes_of(token) == data)
+
+    a = token_of(b"a")
+    split_euro = [token_of(euro[:1]), token_of(euro[1:2]), token_of(euro[2:])]
+    assert splitter.feed([a, a, *split_euro, a]) == [TextDelta("aa", 0, 2), TextDelta("\u20ac", 4), TextDelta("a", 5)]
 
 
 def test_function_call_header_carries_recipient_and_content_type():
@@ -152,7 +196,7 @@ def test_fragments_are_what_harmony_own_parser_reads(texts, channels, noise, raw
     expected = reference.feed(tokens)
     splitter, fragments = split_all(tokens, [c for c in cuts if c < len(tokens)])
     whole_splitter, whole = split_all(tokens, [])
-    assert whole == expected
+    assert deltas_joined(whole) == deltas_joined(expected)
     assert whole_splitter.reasoning_tokens == reference.reasoning_tokens
     assert messages_of(fragments) == messages_of(expected)
     assert splitter.reasoning_tokens == reference.reasoning_tokens
