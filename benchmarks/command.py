@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from steno.services.dialects.chat_template.families import FAMILIES
+
 SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "steady",
              "vllm"]
 EXTRA_HINT = "pip install 'steno[bench]'"
@@ -25,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="per throughput level")
     parser.add_argument("--parser-responses", type=int, default=400)
     parser.add_argument("--parser-batch-tokens", type=int, default=4)
+    parser.add_argument("--parser-family", default=None, choices=sorted(FAMILIES),
+                        help="a chat-template family (qwen3, llama3, ...) for the parser scenario's model, "
+                             "simulated with its byte-level vocabulary (default gpt-oss)")
     parser.add_argument("--fanout-clients", type=int, default=2000)
     parser.add_argument("--replay-events", type=int, default=10_000)
     parser.add_argument("--cancels", type=int, default=10)

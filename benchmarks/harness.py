@@ -57,13 +57,16 @@ from steno.schemas.bus import GenerationEnded, TokenBatch, TokenStreamMessage
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
 from steno.services.api.retention import COMPACT_BATCH, RetentionSweeper
-from steno.services.api.store import ResponseStore
+from steno.services.api.store import TERMINAL_STATUSES, ResponseStore
 from steno.services.common.bus import Names, connect, ensure_streams
 from steno.services.common.config import ApiSettings
 from steno.services.common.metrics import consumer_states
 from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
+from steno.services.common.model_files import publish_model_files
 from steno.services.common.nats_options import SECURITY_VARIABLES
-from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
+from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, Dialect, chat_template_dialect, dialect_named
+from steno.services.dialects.chat_template.families import FAMILIES
+from steno.services.dialects.chat_template.files import files_for_family
 from steno.services.parser.event_log import EventLog, ResponseWrite
 from steno.services.parser.response_state import ResponseState
 from steno.services.worker.simulator import completion_tokens
@@ -378,16 +381,22 @@ class Bench:
                 break
         return out
 
-    async def parser(self, responses: int, batch_tokens: int) -> dict[str, Any]:
-        """Publishes every batch first, then lets a fresh parser (in its own namespace) drain them."""
+    async def parser(self, responses: int, batch_tokens: int, family: str | None = None) -> dict[str, Any]:
+        """Publishes every batch first, then lets a fresh parser (in its own namespace) drain
+        them. ``family``: a chat-template family's simulated model (its byte-level
+        vocabulary) instead of gpt-oss."""
         settings = self.settings.with_changes(namespace=self.settings.namespace + "p")
         names = Names.from_settings(settings)
-        dialect = dialect_named(DEFAULT_DIALECT)
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)
         store = ResponseStore(pool)
         nc = await connect(settings, "steno-bench-parser")
         js = nc.jetstream()
         await ensure_streams(js, names)
+        dialect: Dialect = dialect_named(DEFAULT_DIALECT)
+        if family is not None:
+            files = files_for_family(FAMILIES[family])
+            await publish_model_files(js, names, files)
+            dialect = chat_template_dialect(files)
         total_tokens = 0
         ids = []
         for i in range(responses):
@@ -411,24 +420,29 @@ class Bench:
         await nc.close()
         stack = Stack(settings, self.work)
         parser = stack.add("parser-bench", "parser")
-        progress = "SELECT count(*) FILTER (WHERE status <> 'queued'), count(*) FILTER (WHERE status = 'completed')" \
-                   " FROM responses WHERE id = ANY($1)"
+        progress = "SELECT count(*) FILTER (WHERE status <> 'queued'), count(*) FILTER (WHERE status = ANY($2))," \
+                   " count(*) FILTER (WHERE status = 'completed') FROM responses WHERE id = ANY($1)"
+        terminal = sorted(TERMINAL_STATUSES)
         try:
             # The clock starts at the first sign of progress, after the parser's own start-up.
-            while (await pool.fetchrow(progress, ids) or (0, 0))[0] == 0:
+            while (await pool.fetchrow(progress, ids, terminal) or (0, 0, 0))[0] == 0:
                 before, started = cpu_seconds(parser.pid), time.perf_counter()
                 await asyncio.sleep(0.01)
-            while (await pool.fetchrow(progress, ids) or (0, 0))[1] < responses:
+            while (counts := await pool.fetchrow(progress, ids, terminal) or (0, 0, 0))[1] < responses:
                 await asyncio.sleep(0.02)
             elapsed = time.perf_counter() - started
             cores = (cpu_seconds(parser.pid) - before) / elapsed
         finally:
             stack.stop()
             await pool.close()
-        result = {"responses": responses, "tokens": total_tokens, "batch_tokens": batch_tokens,
-                  "seconds": elapsed, "tokens_per_s": total_tokens / elapsed, "parser_cpu_cores": cores,
-                  "tokens_per_cpu_second": total_tokens / max(cores * elapsed, 1e-9)}
-        print(f"parser: {total_tokens:,} tokens in {responses} responses ({batch_tokens}-token batches) drained in "
+        if counts[2] < responses:
+            raise RuntimeError(f"parser: {responses - counts[2]} of the {responses} responses ended other than "
+                               "completed")
+        result = {"dialect": family or DEFAULT_DIALECT, "responses": responses, "tokens": total_tokens,
+                  "batch_tokens": batch_tokens, "seconds": elapsed, "tokens_per_s": total_tokens / elapsed,
+                  "parser_cpu_cores": cores, "tokens_per_cpu_second": total_tokens / max(cores * elapsed, 1e-9)}
+        print(f"parser ({result['dialect']}): {total_tokens:,} tokens in {responses} responses "
+              f"({batch_tokens}-token batches) drained in "
               f"{elapsed:.2f}s = {result['tokens_per_s']:,.0f} tok/s using {cores:.2f} cores "
               f"({result['tokens_per_cpu_second']:,.0f} tok per CPU-second)", flush=True)
         return result
@@ -726,7 +740,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["throughput"] = await bench.throughput([int(x) for x in args.throughput_levels.split(",")],
                                                                args.seconds)
             if "parser" in scenarios:
-                results["parser"] = await bench.parser(args.parser_responses, args.parser_batch_tokens)
+                results["parser"] = await bench.parser(args.parser_responses, args.parser_batch_tokens,
+                                                       args.parser_family)
             if "fanout" in scenarios:
                 results["fanout"] = await bench.fanout(args.fanout_clients)
             if "replay" in scenarios:

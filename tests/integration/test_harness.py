@@ -51,3 +51,16 @@ def test_the_storage_scenario_alone_stores_what_it_measures(tmp_path, settings):
     assert storage["avg_payload_bytes"] > 0
     assert set(results["machine"]["servers"]) == {"nats", "postgres"}
     assert f"servers: NATS {results['machine']['servers']['nats']}" in done.stdout
+
+
+def test_the_parser_scenario_reads_a_chat_template_model_s_output(tmp_path, settings):
+    """The family's files reach the parser through the bus, as a worker's would, and
+    every response it parses completes."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "parser",
+                           "--parser-family", "qwen3", "--parser-responses", "20", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    parser = json.loads((out / "results.json").read_text())["parser"]
+    assert parser["dialect"] == "qwen3" and parser["responses"] == 20
+    assert parser["tokens"] > 20 * 100 and parser["tokens_per_cpu_second"] > 0

@@ -24,7 +24,7 @@ from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.render import build_chat
 from steno.services.dialects.chat_template.splitter import ChatTemplateSplitter
 from steno.services.dialects.chat_template.template import TemplateError, render_chat, supported_roles
-from steno.services.dialects.chat_template.vocabulary import IncrementalDecoder
+from steno.services.dialects.chat_template.vocabulary import IncrementalDecoder, TokenTexts
 
 # The tool-call format whose arguments are text, typed by the offered parameters.
 TYPED_BY_PARAMETERS = "qwen3_coder"
@@ -42,6 +42,7 @@ class ChatTemplateDialect:
         stop_ids = (self.tokenizer.token_to_id(token) for token in files.stop_tokens)
         self.stop_token_ids = sorted({token_id for token_id in stop_ids if token_id is not None})
         self._stop_set = frozenset(self.stop_token_ids)
+        self._token_texts = TokenTexts(self.tokenizer, self._stop_set)
 
     def render_text(self, request: CreateResponseRequest, created_at: int,
                     history: Sequence[dict[str, Any]] = ()) -> tuple[str, ParseContext]:
@@ -75,7 +76,7 @@ class ChatTemplateDialect:
         return RenderedPrompt(token_ids, context, list(self.stop_token_ids))
 
     def splitter(self, context: ParseContext) -> ChatTemplateSplitter:
-        return ChatTemplateSplitter(IncrementalDecoder(self.tokenizer), self._stop_set, context,
+        return ChatTemplateSplitter(IncrementalDecoder(self.tokenizer, self._token_texts), self._stop_set, context,
                                     self.model_files.reasoning_tags, self.model_files.tool_call_format)
 
     def token_text(self, token_id: int) -> str:

@@ -81,6 +81,18 @@ class ThinkParser:
             self._advance()
         return self._take_pieces()
 
+    def straight_through(self) -> tuple[bool, str] | None:
+        """Whether text fed now is reasoning, and the characters a tag begins with: text
+        holding none of them comes out as it would piece by piece, all reasoning or all
+        content. None while text is held or the parser is deciding where it is."""
+        if self._held:
+            return None
+        if self._state is _State.REASONING:
+            return True, self._close[0]
+        if self._state is _State.CONTENT:
+            return False, ""
+        return None
+
     def finish(self) -> list[Reasoning | Content]:
         held, self._held = self._held, ""
         if self._state is _State.UNDECIDED:

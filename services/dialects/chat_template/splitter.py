@@ -1,8 +1,10 @@
 """Splits a chat-template model's completion into message fragments (pure, incremental).
 
 Tokens are decoded to text as they come (a character split across tokens waits for its
-last byte); the reasoning parser takes the ``<think>`` block apart from the rest, and
-the tool-call parser takes calls out of the rest. What is left is the answer. Markup
+last byte), and where the parsers are letting text straight through to the open message,
+a run of tokens whose texts are known is read as one delta naming them all. The
+reasoning parser takes the ``<think>`` block apart from the rest, and the tool-call
+parser takes calls out of the rest. What is left is the answer. Markup
 that may yet turn out to be a call is held back until it is decided, so no part of it
 reaches the answer's text; a stop token, or the end of the output, decides it. Calls
 are named as they were offered: a name the model wrote bare, or with a namespace spelled
@@ -56,69 +58,104 @@ class ChatTemplateSplitter:
 
     def feed(self, token_ids: Sequence[int]) -> list[Fragment]:
         fragments: list[Fragment] = []
-        for index, token in enumerate(token_ids):
-            if self._ended:
-                break
-            if token in self._stop_token_ids:
-                self._end(fragments, index, self._decoder.finish())
+        index, fed = 0, len(token_ids)
+        while index < fed and not self._ended:
+            if (run := self._straight_run(token_ids, index)) is not None:
+                text, end, channel = run
+                self._text(fragments, range(index, end), text)
+                if channel == ANALYSIS:
+                    self.reasoning_tokens += end - index
+                index = end
                 continue
-            was_reasoning = self._open == ANALYSIS
-            self._text(fragments, index, self._decoder.feed([token]))
-            if was_reasoning or self._open == ANALYSIS:
-                self.reasoning_tokens += 1
+            token = token_ids[index]
+            at = range(index, index + 1)
+            if token in self._stop_token_ids:
+                self._end(fragments, at, self._decoder.finish())
+            else:
+                was_reasoning = self._open == ANALYSIS
+                self._text(fragments, at, self._decoder.feed([token]))
+                if was_reasoning or self._open == ANALYSIS:
+                    self.reasoning_tokens += 1
+            index += 1
         return fragments
+
+    def _straight_run(self, token_ids: Sequence[int], start: int) -> tuple[str, int, str] | None:
+        """A run of tokens from ``start`` that the parsers let straight through to the
+        message already open (its text, where it ends, the channel), read as one delta:
+        decoding and parsing each token by itself was most of the splitter's work
+        (docs/performance.md). None where some token may open, close or hold something."""
+        stops = ""
+        channel = FINAL
+        if self._reasoning is not None:
+            where = self._reasoning.straight_through()
+            if where is None:
+                return None
+            reasoning, stops = where
+            if reasoning:
+                channel = ANALYSIS
+        if channel == FINAL and self._calls is not None:
+            markup = self._calls.straight_through()
+            if markup is None:
+                return None
+            stops += markup
+        if self._open != channel:
+            return None
+        text, end = self._decoder.read_run(token_ids, start, stops)
+        return (text, end, channel) if end > start else None
 
     def finish(self) -> list[Fragment]:
         fragments: list[Fragment] = []
         if not self._ended:
-            self._end(fragments, 0, self._decoder.finish())
+            self._end(fragments, range(0, 1), self._decoder.finish())
         return fragments
 
-    def _end(self, fragments: list[Fragment], index: int, text: str) -> None:
-        self._text(fragments, index, text)
+    def _end(self, fragments: list[Fragment], tokens: range, text: str) -> None:
+        self._text(fragments, tokens, text)
         if self._reasoning is not None:
-            self._pieces(fragments, index, self._reasoning.finish())
+            self._pieces(fragments, tokens, self._reasoning.finish())
         if self._calls is not None:
-            self._calls_out(fragments, index, self._calls.finish())
+            self._calls_out(fragments, tokens, self._calls.finish())
         self._close(fragments)
         self._ended = True
 
-    def _text(self, fragments: list[Fragment], index: int, text: str) -> None:
+    def _text(self, fragments: list[Fragment], tokens: range, text: str) -> None:
         if not text:
             return
         if self._reasoning is None:
-            self._content(fragments, index, text)
+            self._content(fragments, tokens, text)
         else:
-            self._pieces(fragments, index, self._reasoning.feed(text))
+            self._pieces(fragments, tokens, self._reasoning.feed(text))
 
-    def _pieces(self, fragments: list[Fragment], index: int, pieces: list[Reasoning | Content]) -> None:
+    def _pieces(self, fragments: list[Fragment], tokens: range, pieces: list[Reasoning | Content]) -> None:
         for piece in pieces:
             if isinstance(piece, Reasoning):
-                self._say(fragments, index, ANALYSIS, piece.text)
+                self._say(fragments, tokens, ANALYSIS, piece.text)
             else:
-                self._content(fragments, index, piece.text)
+                self._content(fragments, tokens, piece.text)
 
-    def _content(self, fragments: list[Fragment], index: int, text: str) -> None:
+    def _content(self, fragments: list[Fragment], tokens: range, text: str) -> None:
         if self._calls is None:
-            self._say(fragments, index, FINAL, text)
+            self._say(fragments, tokens, FINAL, text)
         else:
-            self._calls_out(fragments, index, self._calls.feed(text))
+            self._calls_out(fragments, tokens, self._calls.feed(text))
 
-    def _calls_out(self, fragments: list[Fragment], index: int, pieces: Sequence[Text | ToolCall | Malformed]) -> None:
+    def _calls_out(
+        self, fragments: list[Fragment], tokens: range, pieces: Sequence[Text | ToolCall | Malformed]
+    ) -> None:
         for piece in pieces:
             if isinstance(piece, Text):
-                self._say(fragments, index, FINAL, piece.text)
+                self._say(fragments, tokens, FINAL, piece.text)
             elif isinstance(piece, ToolCall):
                 self._close(fragments)
                 name = resolve_tool_name(piece.name, self._offered)
                 fragments += [MessageStarted("commentary", f"functions.{name}", "json"),
-                              TextDelta(piece.arguments, index), MessageEnded()]
+                              TextDelta(piece.arguments, tokens.start, len(tokens)), MessageEnded()]
             else:
                 self._close(fragments)
                 fragments.append(MalformedOutput(piece.detail))
                 self._ended = True
 
-    def _say(self, fragments: list[Fragment], index: int, channel: str, text: str) -> None:
+    def _say(self, fragments: list[Fragment], tokens: range, channel: str, text: str) -> None:
         if self._ended or not text:
             return
         if self._open != channel:
@@ -130,7 +167,7 @@ class ChatTemplateSplitter:
                 return
             fragments.append(MessageStarted(channel, None, None))
             self._open = channel
-        fragments.append(TextDelta(text, index))
+        fragments.append(TextDelta(text, tokens.start, len(tokens)))
 
     def _close(self, fragments: list[Fragment]) -> None:
         if self._open is not None:

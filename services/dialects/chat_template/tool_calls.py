@@ -51,6 +51,11 @@ Piece = Text | ToolCall | Malformed
 class ToolCallParser(Protocol):
     def feed(self, text: str) -> list[Piece]: ...
 
+    def straight_through(self) -> str | None:
+        """The characters markup may begin with, when text holding none of them comes
+        out as text, as it would piece by piece; None while a call or a decision is
+        pending."""
+
     def finish(self) -> list[Piece]: ...
 
 
@@ -189,6 +194,10 @@ class _DelimitedCallParser(_StreamingParser):
         self._open_marker: str | None = None
         self._end_marker: str | None = None
         self._body: list[str] = []
+        self._marker_starts = "".join(sorted({marker[0] for marker in markers}))
+
+    def straight_through(self) -> str | None:
+        return None if self._end_marker is not None or self._held else self._marker_starts
 
     def finish(self) -> list[Piece]:
         held, self._held = self._held, ""
@@ -422,6 +431,9 @@ class _Llama3JsonParser:
         self._decided = False
         return [Text(held)]
 
+    def straight_through(self) -> str | None:
+        return "" if self._decided is False else None
+
     def finish(self) -> list[Piece]:
         if self._decided is not True:
             held = "".join(self._leading_space) + self._held
@@ -513,6 +525,9 @@ class _MistralParser(_StreamingParser):
         # Whether the JSON being read is a call's arguments (after its name) or the
         # older form's array/object of whole calls.
         self._json_is_arguments = False
+
+    def straight_through(self) -> str | None:
+        return MISTRAL_TOOL_CALLS[0] if self._state == self._TEXT and not self._held else None
 
     def finish(self) -> list[Piece]:
         held, self._held = self._held, ""

@@ -91,6 +91,49 @@ def trained_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: Se
     return tokenizer
 
 
+class TokenTexts:
+    """The text a token reads as wherever it stands, for a splitter to read a run of such
+    tokens at once instead of decoding each in its window.
+
+    Only a byte-level decoder (Qwen's, Llama 3's, DeepSeek's) gives a token the same
+    bytes in any context; SentencePiece's decoders drop a leading space at the start of
+    a decode, so with them no token has such a text. Nor do added tokens (markers, stop
+    tokens) and the ``excluded`` ones, and a token whose bytes are not whole characters
+    (its neighbours finish them)."""
+
+    def __init__(self, tokenizer: Tokenizer, excluded: Iterable[int] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._context_free = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        self._excluded = frozenset(tokenizer.get_added_tokens_decoder()) | frozenset(excluded)
+        self._vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self._texts: dict[int, str | None] = {}
+
+    def _learn(self, token: int) -> str | None:
+        if not self._context_free or token in self._excluded or not 0 <= token < self._vocabulary_size:
+            return None
+        text: str | None = self._tokenizer.decode([token], skip_special_tokens=False)
+        if not text or REPLACEMENT_CHARACTER in text:
+            text = None
+        self._texts[token] = text
+        return text
+
+    def run(self, token_ids: Sequence[int], start: int, stops: str) -> list[str]:
+        """The texts of the tokens from ``start`` on, up to the first that has none or
+        holds any of the characters in ``stops``."""
+        texts: list[str] = []
+        known = self._texts
+        for at in range(start, len(token_ids)):
+            token = token_ids[at]
+            text = known[token] if token in known else self._learn(token)
+            if text is None:
+                break
+            for stop in stops:
+                if stop in text:
+                    return texts
+            texts.append(text)
+        return texts
+
+
 class IncrementalDecoder:
     """Token ids in, text out, as they arrive: what ``tokenizer.decode(ids,
     skip_special_tokens=False)`` gives for all the ids fed so far, in pieces.
@@ -106,10 +149,13 @@ class IncrementalDecoder:
     end, and emits what it adds to the text of ``prefix .. read``. A window whose text
     ends in U+FFFD is held, since the next token may complete its last character; text
     that truly ends in U+FFFD is held only until the next token or ``finish``.
+
+    With ``texts``, ``read_run`` reads a run of tokens whose texts are known at once.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, texts: TokenTexts | None = None) -> None:
         self._tokenizer = tokenizer
+        self._texts = texts
         # Ids from the prefix offset on; those before it are never decoded again.
         self._ids: list[int] = []
         # The emitted text runs to ``_read``; both offsets index ``_ids``.
@@ -137,6 +183,22 @@ class IncrementalDecoder:
             return ""
         self._ids.extend(token_ids)
         return self._advance(final=False)
+
+    def read_run(self, token_ids: Sequence[int], start: int, stops: str) -> tuple[str, int]:
+        """The text of the run of tokens from ``start`` whose texts are known (``TokenTexts``)
+        and hold none of ``stops``, and the index after the run, where the decoder then
+        stands as if it had been fed them one by one. An empty run while a character is
+        unfinished."""
+        if self._texts is None or self._read != len(self._ids):
+            return "", start
+        texts = self._texts.run(token_ids, start, stops)
+        if not texts:
+            return "", start
+        end = start + len(texts)
+        # The run's last token is the next window's prefix, as after a feed of it alone.
+        self._ids[:] = [token_ids[end - 1]]
+        self._prefix, self._read = 0, 1
+        return "".join(texts), end
 
     def finish(self) -> str:
         """Whatever is still held; the decoder then starts afresh."""

@@ -13,19 +13,22 @@ from steno.schemas.responses import ParseContext
 from steno.services.dialects import MalformedOutput, MessageEnded, MessageStarted, TextDelta, chat_template_dialect
 from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.files import files_for_family
-from steno.services.dialects.chat_template.splitter import resolve_tool_name
+from steno.services.dialects.chat_template.splitter import ChatTemplateSplitter, resolve_tool_name
 from steno.services.dialects.chat_template.tool_calls import write_tool_calls
-from steno.services.dialects.chat_template.vocabulary import trained_tokenizer
+from steno.services.dialects.chat_template.vocabulary import IncrementalDecoder, trained_tokenizer
 
 CORPUS = ["Déjà vu, 日本 🎉 the weather in Paris is sunny", "reasoning about the user's question " * 5,
           '{"name": "get_weather", "arguments": {"city": "Paris"}}', "Steno simulator reply: "] * 20
 
 
-def files(family: str, trained: bool) -> ChatTemplateFiles:
+def files(family: str, trained: bool, markers_as_text: bool = False) -> ChatTemplateFiles:
+    """``markers_as_text``: only the stop tokens are special; the family's other markers
+    (tags, call markup) are spelled in ordinary tokens, as some models' are."""
     made = files_for_family(FAMILIES[family])
     if not trained:
         return made
-    tokenizer = trained_tokenizer(CORPUS, 600, FAMILIES[family].special_tokens)
+    specials = made.stop_tokens if markers_as_text else FAMILIES[family].special_tokens
+    tokenizer = trained_tokenizer(CORPUS, 600, specials)
     return made.model_copy(update={"tokenizer": tokenizer.to_str()})
 
 
@@ -99,6 +102,86 @@ def test_a_completion_splits_into_reasoning_answer_and_calls_however_it_is_batch
         assert messages(split_feed(splitter, tokens, cuts)) == whole
 
     any_batching()
+
+
+def token_by_token(dialect, parse_context) -> ChatTemplateSplitter:
+    """The splitter with nothing read in runs: each token decoded in its window and parsed
+    by itself."""
+    files = dialect.model_files
+    return ChatTemplateSplitter(IncrementalDecoder(dialect.tokenizer), frozenset(dialect.stop_token_ids),
+                                parse_context, files.reasoning_tags, files.tool_call_format)
+
+
+# Prose, markers of every family, markup's first characters alone, characters of several bytes.
+PARTS = st.sampled_from([
+    " the weather", " in Paris", " is", "sunny", ".", "\n", "\n\n", "  ", "Déjà", " 日本", " 🎉", "<", "[", "{", "}",
+    "<b>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>", "</function>",
+    "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    write_tool_calls("deepseek_v3", [("get_weather", {"city": "Paris"})]),
+])
+
+
+@pytest.mark.parametrize(("trained", "markers_as_text"), [(False, False), (True, False), (True, True)],
+                         ids=["bytes", "trained", "markers as text"])
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_runs_read_what_token_by_token_reads(family, trained, markers_as_text):
+    """Whatever the output and its batches: the same messages, the same reasoning tokens,
+    and each delta names tokens of the batch that produced it."""
+    dialect = chat_template_dialect(files(family, trained, markers_as_text))
+
+    @settings(max_examples=60, deadline=None)
+    @given(parts=st.lists(PARTS, max_size=16), opened=st.booleans(), tools=st.booleans(), data=st.data())
+    def any_output(parts, opened, tools, data):
+        tokens = completion(dialect, "".join(parts))
+        parse_context = context(dialect, reasoning_open=opened, function_tools=["get_weather"] if tools else [])
+        reference = token_by_token(dialect, parse_context)
+        expected = [*[f for token in tokens for f in reference.feed([token])], *reference.finish()]
+        cuts = data.draw(st.lists(st.integers(0, len(tokens)), max_size=8))
+        splitter = dialect.splitter(parse_context)
+        fragments, start = [], 0
+        for cut in [*sorted(set(cuts)), len(tokens)]:
+            fed = splitter.feed(tokens[start:cut])
+            assert all(f.token_index + f.token_count <= max(cut - start, 1) for f in fed if isinstance(f, TextDelta))
+            fragments += fed
+            start = cut
+        fragments += splitter.finish()
+        assert messages(fragments) == messages(expected)
+        assert splitter.reasoning_tokens == reference.reasoning_tokens
+
+    any_output()
+
+
+def test_a_run_of_known_tokens_is_one_delta_naming_them_all():
+    dialect = chat_template_dialect(files("qwen3", True))
+    answer = " the weather in Paris is sunny the weather in Paris is sunny"
+    tokens = completion(dialect, "<think>\nreasoning about the user's question\n</think>\n\nDéjà vu," + answer)
+    splitter = dialect.splitter(context(dialect))
+    deltas = [f for f in splitter.feed(tokens) if isinstance(f, TextDelta)]
+    last = deltas[-1]
+    # The answer's last tokens, up to the stop token, are read in one piece.
+    assert last.token_index + last.token_count == len(tokens) - 1
+    assert last.token_count > 5 and last.text.endswith(answer)
+    assert splitter.reasoning_tokens == token_by_token_reasoning(dialect, tokens)
+    assert len(deltas) < len(tokens) / 3
+
+
+def test_text_before_a_call_names_none_of_the_call_s_tokens():
+    """Markup spelled in ordinary tokens ends a run, so that the answer's logprobs are
+    the answer's tokens'."""
+    dialect = chat_template_dialect(files("hermes", True, markers_as_text=True))
+    tokens = completion(dialect, 'It is sunny.\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
+    markup = next(index for index, token in enumerate(tokens) if "<" in dialect.token_text(token))
+    fragments = dialect.splitter(context(dialect, function_tools=["get_weather"])).feed(tokens)
+    answer = fragments[:fragments.index(MessageEnded())]
+    assert messages([*answer, MessageEnded()]) == [("final", None, "It is sunny.")]
+    assert max(f.token_index + f.token_count for f in answer if isinstance(f, TextDelta)) <= markup
+
+
+def token_by_token_reasoning(dialect, tokens) -> int:
+    reference = token_by_token(dialect, context(dialect))
+    for token in tokens:
+        reference.feed([token])
+    return reference.reasoning_tokens
 
 
 @pytest.mark.parametrize("family", sorted(CASES))

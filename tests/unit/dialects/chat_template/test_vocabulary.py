@@ -4,9 +4,11 @@ import functools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from steno.services.dialects.chat_template.vocabulary import (
     IncrementalDecoder,
+    TokenTexts,
     byte_level_tokenizer,
     byte_symbols,
     trained_tokenizer,
@@ -175,3 +177,52 @@ def test_each_token_costs_a_small_window(make):
     # A window holds the previous emission's tokens and the new ones: a few ids a token,
     # however long the stream.
     assert counting.decoded < 8 * len(ids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(which=st.sampled_from(["byte_level", "trained"]), data=st.data())
+def test_known_token_texts_join_to_the_decode_of_any_sequence_of_them(which, data):
+    tokenizer = byte_level() if which == "byte_level" else trained()
+    texts = TokenTexts(tokenizer)
+    ids = data.draw(st.lists(st.integers(0, tokenizer.get_vocab_size() - 1), max_size=24))
+    known = [token for token in ids if texts.run([token], 0, "")]
+    assert "".join(texts.run(known, 0, "")) == decode(tokenizer, known)
+
+
+def test_markers_unfinished_characters_and_excluded_tokens_have_no_text():
+    tokenizer = trained()
+    first_byte_of_a_character = tokenizer.token_to_id(byte_symbols()["日".encode()[0]])
+    texts = TokenTexts(tokenizer, excluded=[encode(tokenizer, " the")[0]])
+    for token in [*(tokenizer.token_to_id(marker) for marker in SPECIALS), encode(tokenizer, " the")[0],
+                  first_byte_of_a_character, tokenizer.get_vocab_size(), -1]:
+        assert texts.run([token], 0, "") == []
+    # A run ends before the first token holding a stop character.
+    assert "".join(texts.run(encode(tokenizer, " fox <fox"), 0, "<")) == " fox "
+
+
+def test_a_decoder_that_reads_tokens_in_context_gives_no_texts():
+    """SentencePiece's decoder drops the space that starts a decode: a token's text
+    depends on where it stands."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    ids = encode(tokenizer, "the quick brown fox")
+    assert decode(tokenizer, ids[1:2]) != decode(tokenizer, ids[:2])[len(decode(tokenizer, ids[:1])):]
+    assert TokenTexts(tokenizer).run(ids, 0, "") == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(PARTS, max_size=14), which=st.sampled_from(["byte_level", "trained"]), data=st.data())
+def test_runs_read_between_single_feeds_decode_the_whole(parts, which, data):
+    tokenizer = byte_level() if which == "byte_level" else trained()
+    ids = encode(tokenizer, "".join(parts))
+    decoder = IncrementalDecoder(tokenizer, TokenTexts(tokenizer))
+    pieces, index = [], 0
+    while index < len(ids):
+        text, end = decoder.read_run(ids, index, data.draw(st.sampled_from(["", "<", " "])))
+        if end == index:
+            text, end = decoder.feed(ids[index:index + 1]), index + 1
+        pieces.append(text)
+        index = end
+    assert "".join(pieces) + decoder.finish() == decode(tokenizer, ids)
