@@ -24,7 +24,7 @@ from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.render import build_chat
 from steno.services.dialects.chat_template.splitter import ChatTemplateSplitter
 from steno.services.dialects.chat_template.template import TemplateError, render_chat, supported_roles
-from steno.services.dialects.chat_template.vocabulary import IncrementalDecoder, TokenTexts
+from steno.services.dialects.chat_template.vocabulary import IncrementalDecoder, PromptEncoder, TokenTexts
 
 # The tool-call format whose arguments are text, typed by the offered parameters.
 TYPED_BY_PARAMETERS = "qwen3_coder"
@@ -43,6 +43,7 @@ class ChatTemplateDialect:
         self.stop_token_ids = sorted({token_id for token_id in stop_ids if token_id is not None})
         self._stop_set = frozenset(self.stop_token_ids)
         self._token_texts = TokenTexts(self.tokenizer, self._stop_set)
+        self._prompts = PromptEncoder(self.tokenizer)
 
     def render_text(self, request: CreateResponseRequest, created_at: int,
                     history: Sequence[dict[str, Any]] = ()) -> tuple[str, ParseContext]:
@@ -71,7 +72,7 @@ class ChatTemplateDialect:
         reuse_scope: str = "",
     ) -> RenderedPrompt:
         text, context = self.render_text(request, created_at, history)
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        token_ids = self._prompts.encode(text, reuse_scope)
         context = context.model_copy(update={"prompt_tokens": len(token_ids)})
         return RenderedPrompt(token_ids, context, list(self.stop_token_ids))
 

@@ -10,9 +10,12 @@ characters and characters split across tokens."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from steno.services.dialects.reused_tokens import ReusedTokens
 
 BYTE_COUNT = 256
 REPLACEMENT_CHARACTER = "\ufffd"
@@ -89,6 +92,61 @@ def trained_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: Se
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     return tokenizer
+
+
+class PromptEncoder:
+    """``tokenizer.encode(text, add_special_tokens=False).ids``, piece by piece: the text
+    between added tokens (the system prompt, the tools, each earlier turn) is encoded by
+    itself, as the tokenizer does within the whole, and a piece encoded before is reused
+    (``ReusedTokens``, per ``scope``), so that a conversation's next turn costs the
+    encoding of what it adds rather than of all of it.
+
+    A piece encodes the same alone only where nothing in the tokenizer depends on where
+    the piece stands: not with a Metaspace pre-tokenizer (it may mark only the first
+    piece of a text), nor with truncation or padding set, nor where special tokens are
+    read as plain text (``encode_special_tokens``), nor at an added token that strips
+    its neighbours; such text is encoded whole."""
+
+    def __init__(self, tokenizer: Tokenizer, reused: ReusedTokens | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._reused = reused or ReusedTokens()
+        pre_tokenizer = tokenizer.pre_tokenizer
+        piecewise = (pre_tokenizer is not None and b"Metaspace" not in pre_tokenizer.__getstate__()
+                     and tokenizer.truncation is None and tokenizer.padding is None
+                     and not tokenizer.encode_special_tokens)
+        # Added tokens are found in the raw text, longest first where several start at
+        # one place, as the tokenizer finds them; those matched after normalizing are
+        # found by each piece's own encoding. None: one that strips its neighbours.
+        self._added: dict[str, int | None] = {
+            token.content: None if token.lstrip or token.rstrip or token.single_word else token_id
+            for token_id, token in tokenizer.get_added_tokens_decoder().items() if not token.normalized
+        }
+        self._splitter = re.compile("|".join(re.escape(content) for content in
+                                             sorted(self._added, key=len, reverse=True))) \
+            if piecewise and self._added else None
+
+    def encode(self, text: str, scope: str = "") -> list[int]:
+        if self._splitter is None:
+            return self._whole(text)
+        ids: list[int] = []
+        start = 0
+        for match in self._splitter.finditer(text):
+            token = self._added[match.group()]
+            if token is None:
+                return self._whole(text)
+            ids += self._piece(text[start:match.start()], scope)
+            ids.append(token)
+            start = match.end()
+        ids += self._piece(text[start:], scope)
+        return ids
+
+    def _piece(self, piece: str, scope: str) -> Sequence[int]:
+        if not piece:
+            return ()
+        return self._reused.tokens((scope, piece, None), lambda: self._whole(piece))
+
+    def _whole(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
 class TokenTexts:

@@ -10,8 +10,6 @@ order."""
 from __future__ import annotations
 
 import datetime as dt
-from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +39,7 @@ from steno.services.dialects.conversation import (
     read_conversation,
     response_format_section,
 )
+from steno.services.dialects.reused_tokens import ReusedTokens
 from steno.services.dialects.tools import ToolCatalog
 
 # gpt-oss knows three efforts; every value the API allows maps onto one of them.
@@ -137,10 +136,6 @@ def _one_line_descriptions(schema: Any) -> Any:
 # tenant's text) is reused only for the same tenant, so that no tenant's text serves (or
 # times) another's request. A message larger than this is not kept, and all that is
 # kept stays within a byte budget.
-_REUSED_MAX_CHARS = 64 * 1024
-_REUSED_MAX_BYTES = 8 * 1024 * 1024
-
-
 class ConversationRenderer:
     """``encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)``,
     message by message as Harmony does it, with messages rendered before reused."""
@@ -148,9 +143,8 @@ class ConversationRenderer:
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
         self._completion_start = encoding.encode("<|start|>assistant", allowed_special="all")
-        # (scope, message JSON, whether the conversation has function tools) -> tokens
-        self._reused: OrderedDict[tuple[str, str, bool], array[int]] = OrderedDict()
-        self._reused_bytes = 0
+        # keyed by (scope, message JSON, whether the conversation has function tools)
+        self.reused = ReusedTokens()
 
     def render(self, conversation: Conversation, reuse_scope: str = "") -> list[int]:
         messages = conversation.messages
@@ -176,21 +170,5 @@ class ConversationRenderer:
 
     def _message(self, message: Message, has_function_tools: bool, reuse_scope: str) -> Sequence[int]:
         options = RenderOptions(conversation_has_function_tools=has_function_tools)
-        text = message.to_json()
-        if len(text) > _REUSED_MAX_CHARS:
-            return self._encoding.render(message, options)
-        key = ("" if message.author.role == Role.SYSTEM else reuse_scope, text, has_function_tools)
-        tokens = self._reused.get(key)
-        if tokens is not None:
-            self._reused.move_to_end(key)
-            return tokens
-        tokens = array("I", self._encoding.render(message, options))
-        self._reused[key] = tokens
-        self._reused_bytes += _size(key, tokens)
-        while self._reused_bytes > _REUSED_MAX_BYTES:
-            self._reused_bytes -= _size(*self._reused.popitem(last=False))
-        return tokens
-
-
-def _size(key: tuple[str, str, bool], tokens: array[int]) -> int:
-    return len(key[0]) + len(key[1]) + tokens.itemsize * len(tokens)
+        key = ("" if message.author.role == Role.SYSTEM else reuse_scope, message.to_json(), has_function_tools)
+        return self.reused.tokens(key, lambda: self._encoding.render(message, options))

@@ -4,10 +4,11 @@ import functools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from steno.services.dialects.chat_template.vocabulary import (
     IncrementalDecoder,
+    PromptEncoder,
     TokenTexts,
     byte_level_tokenizer,
     byte_symbols,
@@ -226,3 +227,75 @@ def test_runs_read_between_single_feeds_decode_the_whole(parts, which, data):
         pieces.append(text)
         index = end
     assert "".join(pieces) + decoder.finish() == decode(tokenizer, ids)
+
+
+def metaspace_tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                                             special_tokens=SPECIALS))
+    return tokenizer
+
+
+def extended_tokenizer() -> Tokenizer:
+    """The trained vocabulary with two more added tokens: one that eats the spaces around
+    it, one that begins as another does."""
+    tokenizer = Tokenizer.from_str(trained().to_str())
+    tokenizer.add_special_tokens([AddedToken("<eat>", lstrip=True, rstrip=True, normalized=False),
+                                  AddedToken("<|im_start|>system", normalized=False)])
+    return tokenizer
+
+
+def specials_as_text_tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer.from_str(trained().to_str())
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+TOKENIZERS = {"byte_level": byte_level, "trained": trained, "metaspace": metaspace_tokenizer,
+              "extended": extended_tokenizer, "specials as text": specials_as_text_tokenizer}
+PROMPT_PARTS = st.sampled_from([*PARTS.elements, " <eat> ", "<eat>", "  ", "<|im", "_start|>", "system",
+                                "<|im_start|>system"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(PROMPT_PARTS, max_size=20), which=st.sampled_from(sorted(TOKENIZERS)),
+       scopes=st.lists(st.sampled_from(["", "a", "b"]), min_size=2, max_size=2))
+def test_a_prompt_encoded_piece_by_piece_is_the_tokenizer_s_own_encoding(parts, which, scopes):
+    tokenizer = TOKENIZERS[which]()
+    encoder = PromptEncoder(tokenizer)
+    text = "".join(parts)
+    for scope in scopes:  # the second time, pieces may be reused
+        assert encoder.encode(text, scope) == encode(tokenizer, text)
+
+
+class CountingEncoder:
+    """A tokenizer that counts the characters it is given to encode."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.encoded = 0
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def encode(self, text, add_special_tokens=True):
+        self.encoded += len(text)
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_conversation_s_next_turn_encodes_only_what_it_adds_and_only_within_its_scope():
+    counting = CountingEncoder(trained())
+    encoder = PromptEncoder(counting)
+    turns = [f"<|im_start|>user\n{CORPUS[i % 3]} {i}<|im_end|>\n" for i in range(12)]
+    conversation = "".join(turns)
+    encoder.encode(conversation, "a")
+    counting.encoded = 0
+    longer = conversation + "<|im_start|>user\nDéjà vu?<|im_end|>\n"
+    assert encoder.encode(longer, "a") == encode(trained(), longer)
+    assert counting.encoded == len("user\nDéjà vu?")  # the line break after it was met before
+    counting.encoded = 0
+    encoder.encode(conversation, "b")  # another tenant's request reuses nothing of a's
+    pieces = set(conversation.replace("<|im_start|>", "|").replace("<|im_end|>", "|").split("|")) - {""}
+    assert counting.encoded == sum(len(piece) for piece in pieces)

@@ -166,26 +166,26 @@ def test_rendered_messages_are_reused_only_within_their_tenant():
     for request in (CreateResponseRequest(model="m", input="my secret plan", instructions="Be brief."),
                     CreateResponseRequest(model="m", input="hi", instructions=huge_instructions)):
         renderer.render(build_conversation(request, 0)[0], reuse_scope="tenant-a")
-    kept = {(scope, text) for scope, text, _ in renderer._reused}
+    kept = {(scope, text) for scope, text, _ in renderer.reused.kept()}
     assert {scope for scope, text in kept if "Be brief." in text or "secret" in text} == {"tenant-a"}
     assert {scope for scope, text in kept if '"system"' in text} == {""}
     assert not any(huge_instructions in text for _, text in kept)
     conversation, _ = build_conversation(CreateResponseRequest(model="m", input="my secret plan",
                                                                instructions="Be brief."), 0)
     assert renderer.render(conversation, reuse_scope="tenant-b") == renderer.render(conversation, "tenant-a")
-    scopes_of_the_secret = {scope for scope, text, _ in renderer._reused if "secret" in text}
+    scopes_of_the_secret = {scope for scope, text, _ in renderer.reused.kept() if "secret" in text}
     assert scopes_of_the_secret == {"tenant-a", "tenant-b"}  # rendered again for b, not served from a's
 
 
 def test_what_is_kept_for_reuse_stays_within_its_byte_budget():
-    from steno.services.dialects.harmony import render
+    from steno.services.dialects.harmony.render import ConversationRenderer
 
-    renderer = render.ConversationRenderer(encoding())
+    renderer = ConversationRenderer(encoding())
     for index in range(400):
         request = CreateResponseRequest(model="m", input="x", instructions=f"{index} " + "word " * 8000)
         renderer.render(build_conversation(request, 0)[0], reuse_scope="t")
-    assert 0 < renderer._reused_bytes <= render._REUSED_MAX_BYTES
-    assert len(renderer._reused) < 400
+    assert 0 < renderer.reused.kept_bytes <= renderer.reused.max_bytes
+    assert len(renderer.reused.kept()) < 400
 
 
 LOOKUP = {"type": "function", "name": "lookup", "description": "Look it up",
