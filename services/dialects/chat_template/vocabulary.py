@@ -161,13 +161,13 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Tokenizer, excluded: Iterable[int] = ()) -> None:
         self._tokenizer = tokenizer
-        self._context_free = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        self.context_free = isinstance(tokenizer.decoder, decoders.ByteLevel)
         self._excluded = frozenset(tokenizer.get_added_tokens_decoder()) | frozenset(excluded)
         self._vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._texts: dict[int, str | None] = {}
 
     def _learn(self, token: int) -> str | None:
-        if not self._context_free or token in self._excluded or not 0 <= token < self._vocabulary_size:
+        if not self.context_free or token in self._excluded or not 0 <= token < self._vocabulary_size:
             return None
         text: str | None = self._tokenizer.decode([token], skip_special_tokens=False)
         if not text or REPLACEMENT_CHARACTER in text:
@@ -213,7 +213,8 @@ class IncrementalDecoder:
 
     def __init__(self, tokenizer: Tokenizer, texts: TokenTexts | None = None) -> None:
         self._tokenizer = tokenizer
-        self._texts = texts
+        # None where no token has a text of its own: no run to look for, token after token.
+        self._texts = texts if texts is not None and texts.context_free else None
         # Ids from the prefix offset on; those before it are never decoded again.
         self._ids: list[int] = []
         # The emitted text runs to ``_read``; both offsets index ``_ids``.

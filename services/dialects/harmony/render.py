@@ -133,9 +133,8 @@ def _one_line_descriptions(schema: Any) -> Any:
 # requests, a client that keeps its own history sends every earlier turn again, and
 # Harmony pays a pass over its special tokens for every formatting token it renders
 # (docs/performance.md). A message other than the system message (which holds no
-# tenant's text) is reused only for the same tenant, so that no tenant's text serves (or
-# times) another's request. A message larger than this is not kept, and all that is
-# kept stays within a byte budget.
+# tenant's text) is reused only for the same tenant (``ReusedTokens``, which also bounds
+# what is kept).
 class ConversationRenderer:
     """``encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)``,
     message by message as Harmony does it, with messages rendered before reused."""
