@@ -55,15 +55,23 @@ def exporting() -> bool:
     return _exporting
 
 
-def message_headers(msg_id: str) -> dict[str, str]:
-    """The headers of a bus message about the response handled here: its id (for
-    JetStream's deduplication), the current trace context and the bound tenant."""
-    headers = {"Nats-Msg-Id": msg_id}
+def context_headers() -> dict[str, str]:
+    """What every bus message about the response handled here carries beside its id:
+    the current trace context and the bound tenant."""
+    headers: dict[str, str] = {}
     _propagator.inject(headers)
     tenant = logs.bound("tenant")
     if tenant is not None:
         headers[TENANT_HEADER] = tenant
     return headers
+
+
+def message_headers(msg_id: str, context: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers of a bus message about the response handled here: its id (for
+    JetStream's deduplication) and ``context_headers()``, or ``context``, what an earlier
+    call of it gave in the same context (a loop that publishes a message per token batch
+    reads the context once)."""
+    return {"Nats-Msg-Id": msg_id, **(context_headers() if context is None else context)}
 
 
 def trace_context(headers: Mapping[str, str] | None) -> Context:
@@ -76,10 +84,18 @@ def tenant_of(headers: Mapping[str, str] | None) -> str | None:
     return (headers or {}).get(TENANT_HEADER)
 
 
-async def traced_stream(chunks: AsyncGenerator[Chunk, None], name: str, parent: Context,
-                               attributes: Mapping[str, str]) -> AsyncGenerator[Chunk, None]:
+def traced_stream(chunks: AsyncGenerator[Chunk, None], name: str, parent: Context,
+                  attributes: Mapping[str, str]) -> AsyncGenerator[Chunk, None]:
     """``chunks`` as they come, within a span from the first to the last (or to the
-    client leaving): a response body sent after the request's own span has ended."""
+    client leaving): a response body sent after the request's own span has ended.
+    Where no span is exported, ``chunks`` itself: a layer less for every chunk sent."""
+    if not _exporting:
+        return chunks
+    return _spanned(chunks, name, parent, attributes)
+
+
+async def _spanned(chunks: AsyncGenerator[Chunk, None], name: str, parent: Context,
+                   attributes: Mapping[str, str]) -> AsyncGenerator[Chunk, None]:
     span = tracer.start_span(name, context=parent, attributes=attributes)
     try:
         async for chunk in chunks:

@@ -22,6 +22,7 @@ from nats.aio.subscription import Subscription
 from steno.schemas.events import CommittedEvents, LoggedEvent
 from steno.schemas.ids import origin_of
 from steno.services.common.metrics import EDGE_REPLAY
+from steno.services.common.wake_timer import WakeTimer
 from steno.services.edge.event_reader import EventReader
 
 POLL_INTERVAL_S = 2.0
@@ -30,6 +31,7 @@ POLL_INTERVAL_S = 2.0
 MAX_POLL_INTERVAL_S = 30.0
 # A Postgres outage shorter than this only delays a stream.
 OUTAGE_TOLERANCE_S = 30.0
+_WAKE = object()
 
 
 class ResponseTail:
@@ -130,12 +132,14 @@ class ResponseTail:
         stored so far, when the caller has them (a response it has just created), with
         ``live`` listening since before they were stored; otherwise they are read. With
         ``keepalive_s``, an empty run after that long without one."""
-        loop = asyncio.get_running_loop()
         live = live or await self.listen(response_id)
         cursor = after
         interval = poll_interval_s
-        poll_at = loop.time() + interval
-        keepalive_at = loop.time() + keepalive_s if keepalive_s is not None else math.inf
+        poll_at = time.monotonic() + interval
+        keepalive_at = time.monotonic() + keepalive_s if keepalive_s is not None else math.inf
+        # The next poll and keepalive move on with every event: a mark in the queue wakes
+        # the wait at the earlier one, rather than a timeout around each wait.
+        wake = WakeTimer(live.queue, _WAKE)
         try:
             batch = known if known is not None else await self._replay(response_id, cursor)
             while True:
@@ -155,33 +159,32 @@ class ResponseTail:
                             return
                 if run:
                     yield run
-                    keepalive_at = loop.time() + keepalive_s if keepalive_s is not None else math.inf
+                    keepalive_at = time.monotonic() + keepalive_s if keepalive_s is not None else math.inf
                 batch = []
-                try:
-                    # Cheaper than wait_for (no task per wait); an event that comes as the
-                    # wait ends stays queued for the next one.
-                    async with asyncio.timeout_at(min(poll_at, keepalive_at)):
-                        committed = await live.queue.get()
-                    batch = committed.events
-                    if committed.through_seq is not None and committed.through_seq > cursor:
+                wake.at(min(poll_at, keepalive_at))
+                received = await live.queue.get()
+                if isinstance(received, CommittedEvents):
+                    batch = received.events
+                    if received.through_seq is not None and received.through_seq > cursor:
                         # Announced without the events (too large for a message): they are in Postgres.
                         batch = await self._read_after(response_id, cursor)
                     interval = poll_interval_s
-                    poll_at = loop.time() + interval
-                except TimeoutError:
-                    now = loop.time()
-                    if keepalive_s is not None and now >= keepalive_at:
-                        yield []
-                        keepalive_at = now + keepalive_s
-                    if now >= poll_at:
-                        batch = await self._read_after(response_id, cursor)
-                        if not batch and await self._reader.ended_by(response_id, cursor):
-                            return
-                        connected = self._nc.is_connected
-                        backing_off = connected and not batch
-                        interval = min(interval * 2, MAX_POLL_INTERVAL_S) if backing_off else poll_interval_s
-                        poll_at = loop.time() + interval
+                    poll_at = time.monotonic() + interval
+                    continue
+                now = time.monotonic()
+                if keepalive_s is not None and now >= keepalive_at:
+                    yield []
+                    keepalive_at = now + keepalive_s
+                if now >= poll_at:
+                    batch = await self._read_after(response_id, cursor)
+                    if not batch and await self._reader.ended_by(response_id, cursor):
+                        return
+                    connected = self._nc.is_connected
+                    backing_off = connected and not batch
+                    interval = min(interval * 2, MAX_POLL_INTERVAL_S) if backing_off else poll_interval_s
+                    poll_at = time.monotonic() + interval
         finally:
+            wake.cancel()
             await live.close()
 
 
@@ -190,7 +193,8 @@ class LiveEvents:
     but a message can be lost, which the tail notices as a gap)."""
 
     def __init__(self, forget: Callable[[], None] | None = None) -> None:
-        self.queue: asyncio.Queue[CommittedEvents] = asyncio.Queue()
+        # Committed events, and the marks of a reader's wake-ups (``WakeTimer``).
+        self.queue: asyncio.Queue[CommittedEvents | object] = asyncio.Queue()
         self.subscription: Subscription | None = None
         self._forget = forget
 

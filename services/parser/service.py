@@ -328,18 +328,23 @@ class ParserService:
         unsettled: list[Msg] = []
         for write in failed:
             unsettled += written.pop(write.response_id, [])
+        # Counted per model and commit: a labelled counter's lookup (a lock and a dict)
+        # per response would come on every step of every long stream.
+        parsed_by_model: dict[str, int] = {}
         for write in committed:
             delivered = written.pop(write.response_id, [])
             to_ack += delivered
             _trace_commit(write, carried.get((id(delivered[0]), write.response_id)) if delivered else None,
                           fetched_ns)
             if (state := states.get(write.response_id)) is not None:
-                PARSED_EVENTS.labels(state.model).inc(len(write.events))
+                parsed_by_model[state.model] = parsed_by_model.get(state.model, 0) + len(write.events)
             if write.final_snapshot is not None:
                 self._states.pop(write.response_id, None)
             for announcement in announcements(write.response_id, write.events, self._message_limit):
                 with suppress(Exception):
                     await self._nc.publish(self._names.events_subject(write.response_id), announcement)
+        for model, count in parsed_by_model.items():
+            PARSED_EVENTS.labels(model).inc(count)
         # A group settles as its least settled batch: held while any waits for Postgres,
         # else handed back while any must come again (those applied come as duplicates).
         held = {id(msg) for msg in unsettled}

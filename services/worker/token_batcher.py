@@ -4,11 +4,11 @@ most one batch per interval (or per N tokens)."""
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from steno.services.common.wake_timer import WakeTimer
 from steno.services.worker.engine import EngineOutput
 
 
@@ -67,7 +67,6 @@ async def coalesce(
     message per interval. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event."""
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[EngineOutput, float] | object | None] = asyncio.Queue()
 
     async def produce() -> None:
@@ -78,26 +77,8 @@ async def coalesce(
             await queue.put(None)
 
     # A deadline (the interval's end, the keepalive's) wakes the loop by a mark in the
-    # queue from one timer, armed when an earlier wake is needed and otherwise left to
-    # come early and be armed again: a timeout entered and left around each wait cost a
-    # timer scheduled and cancelled per token.
-    timer: asyncio.TimerHandle | None = None
-    timer_at = math.inf
-
-    def wake() -> None:
-        nonlocal timer, timer_at
-        timer, timer_at = None, math.inf
-        queue.put_nowait(_WAKE)
-
-    def wake_at(when: float | None) -> None:
-        nonlocal timer, timer_at
-        if when is None or when >= timer_at:
-            return
-        if timer is not None:
-            timer.cancel()
-        timer_at = when
-        timer = loop.call_later(max(0.0, when - time.monotonic()), wake)
-
+    # queue (a timeout around each wait cost a timer scheduled and cancelled per token).
+    wake = WakeTimer(queue, _WAKE)
     producer = asyncio.create_task(produce())
     pending = PendingBatch()
     deadline: float | None = None
@@ -107,7 +88,7 @@ async def coalesce(
     try:
         while True:
             keepalive_at = last_flush + keepalive_s if keepalive_s is not None else None
-            wake_at(deadline if deadline is not None else keepalive_at)
+            wake.at(deadline if deadline is not None else keepalive_at)
             received = await queue.get()
             # What else came meanwhile goes in the same batch.
             while isinstance(received, tuple) and received[0].finish_reason is None and not queue.empty():
@@ -144,5 +125,4 @@ async def coalesce(
         return last, pending
     finally:
         producer.cancel()
-        if timer is not None:
-            timer.cancel()
+        wake.cancel()

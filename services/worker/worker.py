@@ -69,7 +69,7 @@ from steno.services.common.metrics import (
 )
 from steno.services.common.model_files import publish_model_files
 from steno.services.common.stored_publish import StoredPublisher
-from steno.services.common.tracing import message_headers, tenant_of, trace_context, tracer
+from steno.services.common.tracing import context_headers, message_headers, tenant_of, trace_context, tracer
 from steno.services.worker.batch_groups import BatchGroups
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
@@ -318,14 +318,14 @@ class GenerationWorker:
             if await self._cancels.fetch(response_id) is not None:
                 await self._engine.abort(engine_request_id)
 
-    async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
+    async def _publish(self, subject: str, body: bytes, msg_id: str, context: dict[str, str] | None = None) -> None:
         """Publishes to JetStream, riding out a NATS restart; the message id makes a
-        retried publish harmless."""
+        retried publish harmless. ``context``: as ``message_headers`` takes it."""
         deadline = time.monotonic() + PUBLISH_PATIENCE_S
         delay = 0.05
         while True:
             try:
-                await self._publisher.publish(subject, body, message_headers(msg_id))
+                await self._publisher.publish(subject, body, message_headers(msg_id, context))
                 return
             except Exception:
                 if time.monotonic() + delay > deadline:
@@ -333,14 +333,15 @@ class GenerationWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _publish_grouped(self, response_id: str, subject: str, body: bytes, msg_id: str) -> None:
+    async def _publish_grouped(self, response_id: str, subject: str, body: bytes, msg_id: str,
+                               context: dict[str, str]) -> None:
         """Publishes a batch with those of other responses ready at the same moment;
         one that could not go in its group goes alone, riding out trouble as ``_publish``."""
-        headers = message_headers(msg_id)
+        headers = message_headers(msg_id, context)
         try:
             await self._groups.publish(response_id, body, headers, msg_id)
         except Exception:
-            await self._publish(subject, body, msg_id)
+            await self._publish(subject, body, msg_id, context)
 
     async def _give_up(self, response_id: str, attempt: int, out: _AttemptOutput, prompt_tokens: int,
                        exc: Exception) -> None:
@@ -409,6 +410,7 @@ class GenerationWorker:
             await msg.ack_sync()
             return
         out.tokens = len(prior.token_ids)
+        context = context_headers()
 
         async def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> None:
             batch_no = out.batches
@@ -427,9 +429,9 @@ class GenerationWorker:
             )
             body, msg_id = batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}"
             if request.groupable:
-                await self._publish_grouped(rid, subject, body, msg_id)
+                await self._publish_grouped(rid, subject, body, msg_id, context)
             else:
-                await self._publish(subject, body, msg_id)
+                await self._publish(subject, body, msg_id, context)
             out.batches += 1
             out.tokens += len(pending.token_ids)
             self._tokens_published.inc(len(pending.token_ids))

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from steno.services.common import logs
-from steno.services.common.tracing import TENANT_HEADER, message_headers, tenant_of, trace_context
+from steno.services.common.tracing import TENANT_HEADER, context_headers, message_headers, tenant_of, trace_context
 
 
 def test_the_trace_goes_through_a_message_and_its_next_span_is_a_child() -> None:
@@ -36,6 +36,17 @@ def test_the_tenant_bound_for_logs_goes_along() -> None:
     assert headers[TENANT_HEADER] == "a"
     assert tenant_of(headers) == "a"
     assert tenant_of(None) is None
+
+
+def test_a_context_read_once_gives_each_message_the_same_headers() -> None:
+    """A worker reads the context once per attempt and names each batch with it."""
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("generate"), logs.response_context(tenant="a", response_id="resp_1"):
+        context = context_headers()
+        inline = [message_headers(f"resp_1:0:{n}") for n in range(3)]
+    assert [message_headers(f"resp_1:0:{n}", context) for n in range(3)] == inline
+    assert set(context) == {"traceparent", TENANT_HEADER}
+    assert "Nats-Msg-Id" not in context  # each message's own
 
 
 def test_outside_any_trace_a_message_carries_only_its_id() -> None:
