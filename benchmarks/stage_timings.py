@@ -47,7 +47,8 @@ async def measure(streams: int, rounds: int, nice: dict[str, int]) -> dict[str, 
                 mark(message.response_id, "batch")
 
         async def on_announced(msg) -> None:
-            mark(orjson.loads(msg.data)["response_id"], "announced")
+            for committed in orjson.loads(msg.data)["committed"]:
+                mark(committed["response_id"], "announced")
 
         await nc.subscribe(f"{namespace}.gen.>", cb=on_queued)
         await nc.subscribe(f"{namespace}.tokens.>", cb=on_batch)

@@ -225,16 +225,16 @@ class AnnouncementFollower(BatchFollower):
     def take_announcements(self) -> dict[str, Announcements]:
         by_response: dict[str, Announcements] = {}
         for observed_at, data in self.received:
-            message = orjson.loads(data)
-            content = 0
-            for event in message["events"]:
-                if event["type"].endswith(".delta"):
-                    delta = orjson.loads(event["payload"]).get("delta")
-                    content += len(delta) if isinstance(delta, str) else 0
-            if content:
-                announced = by_response.setdefault(message["response_id"], Announcements([], []))
-                announced.at.append(observed_at)
-                announced.marks.append((announced.marks[-1] if announced.marks else 0) + content)
+            for message in orjson.loads(data)["committed"]:
+                content = 0
+                for event in message["events"]:
+                    if event["type"].endswith(".delta"):
+                        delta = orjson.loads(event["payload"]).get("delta")
+                        content += len(delta) if isinstance(delta, str) else 0
+                if content:
+                    announced = by_response.setdefault(message["response_id"], Announcements([], []))
+                    announced.at.append(observed_at)
+                    announced.marks.append((announced.marks[-1] if announced.marks else 0) + content)
         self.received = []
         return by_response
 

@@ -70,16 +70,23 @@ class LoggedEvent(BaseModel):
 
 
 class CommittedEvents(BaseModel):
-    """Published on core NATS (``<ns>.events.<origin>.<response_id>``) right after the
-    events are committed to Postgres, for live tails. Sequence numbers are contiguous.
-    Events too large for one message are left out and announced by ``through_seq``
-    alone: everything up to it is committed, and a tail reads what it lacks from
-    Postgres."""
+    """One response's events in an ``AnnouncedEvents``. Sequence numbers are contiguous.
+    Events too large for a message are left out and announced by ``through_seq`` alone:
+    everything up to it is committed, and a tail reads what it lacks from Postgres."""
 
     v: Literal[1] = 1
     response_id: str
     events: list[LoggedEvent]
     through_seq: int | None = None
+
+
+class AnnouncedEvents(BaseModel):
+    """Published on core NATS (``<ns>.events.<origin>``) right after a commit to Postgres,
+    for live tails: the events just committed of every response the API process
+    ``origin`` made or follows (``services/common/followers.py``)."""
+
+    v: Literal[1] = 1
+    committed: list[CommittedEvents]
 
 
 def logged_event(seq: int, type_: EventType, body: dict[str, Any]) -> LoggedEvent:

@@ -44,6 +44,7 @@ from steno.services.api.routes import create_fast_path, router
 from steno.services.api.store import ResponseStore
 from steno.services.common import bus, db
 from steno.services.common.config import ApiSettings
+from steno.services.common.followers import FollowRegistry
 from steno.services.common.health import (
     Readiness,
     flag,
@@ -95,9 +96,13 @@ class Api:
             pool = await db.create_pool(settings.database_url, max_size=20)
             resources.push_async_callback(pool.close)
             reader = EventReader(pool)
-            # The ids this process makes carry it, so their events come on one subscription.
+            # The ids this process makes carry it, so their events come on one subscription,
+            # with those of the responses it follows from elsewhere.
             origin = new_origin()
-            tail = ResponseTail(nc, reader, names.events_subject, origin, names.origin_events(origin))
+            followers = FollowRegistry(await bus.follower_registry(js, names), origin)
+            await followers.start()
+            resources.push_async_callback(followers.stop)
+            tail = ResponseTail(nc, reader, origin, names.events_subject(origin), followers)
             await tail.start()
             resources.push_async_callback(tail.stop)
             store = ResponseStore(pool)

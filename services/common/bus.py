@@ -4,9 +4,11 @@ Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                       GenerationRequest, work-queue stream ``NS_GEN``
   ``ns.gen.<model>.affinity.<shard>``      the same, for requests with a ``prompt_cache_key``
   ``ns.tokens.<p>.<response_id>``          TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
-  ``ns.events.<origin>.<response_id>``     CommittedEvents, core NATS (``origin``: the API process that made it)
+  ``ns.events.<origin>``                   AnnouncedEvents, core NATS (``origin``: an API process; the
+                                           responses it made and those it follows)
 KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
-model), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders),
+model), ``ns_followers`` (API processes following responses made elsewhere, key
+``<response_id>.<origin>``), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders),
 ``ns_affinity_leases`` and ``ns_affinity_holders`` (each model's affinity shards' workers).
 Object stores: ``ns_requests`` (requests too large for a message), ``ns_model_files``
 (chat-template models' files, by digest).
@@ -42,7 +44,6 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, ServiceUnavaila
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from steno.schemas.ids import origin_of
 from steno.services.common.config import Settings
 from steno.services.common.nats_options import NatsOptions, open_connection
 
@@ -59,6 +60,8 @@ CANCEL_FLAG_TTL_S = 24 * 3600
 # Workers refresh their model's registration this often; it lapses after the TTL.
 WORKER_REGISTRATION_EVERY_S = 3.0
 WORKER_REGISTRATION_TTL_S = 10.0
+# Followers refresh their keys well within it; a dead process's keys lapse after it.
+FOLLOW_TTL_S = 600.0
 # Each model's requests with a prompt_cache_key are spread over this many shards, which
 # its workers share out between them as leases.
 AFFINITY_SHARDS = 8
@@ -133,13 +136,9 @@ class Names:
     def parser_consumer(self, partition: int) -> str:
         return f"parser-p{partition}"
 
-    def events_subject(self, response_id: str) -> str:
-        """Committed events of one response, under its origin (the API process that made it)."""
-        return f"{self.namespace}.events.{origin_of(response_id)}.{response_id}"
-
-    def origin_events(self, origin: str) -> str:
-        """Committed events of every response made by one API process."""
-        return f"{self.namespace}.events.{origin}.*"
+    def events_subject(self, origin: str) -> str:
+        """Committed events of every response one API process made or follows."""
+        return f"{self.namespace}.events.{origin}"
 
     @property
     def presence_prefix(self) -> str:
@@ -153,6 +152,10 @@ class Names:
     @property
     def workers_bucket(self) -> str:
         return f"{self.namespace}_workers"
+
+    @property
+    def followers_bucket(self) -> str:
+        return f"{self.namespace}_followers"
 
     @property
     def parser_leases_bucket(self) -> str:
@@ -304,6 +307,11 @@ async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S, names.replicas)
 
 
+async def follower_registry(js: JetStreamContext, names: Names) -> KeyValue:
+    """API processes following responses made elsewhere (``services/common/followers.py``)."""
+    return await kv_bucket(js, names.followers_bucket, FOLLOW_TTL_S, names.replicas)
+
+
 async def request_store(js: JetStreamContext, names: Names) -> ObjectStore:
     """Generation requests too large for a bus message (``StoredGenerationRequest``),
     by response id; they expire with the token streams."""
@@ -338,8 +346,8 @@ async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     for stream in (names.gen_stream, names.tokens_stream):
         with suppress(Exception):
             await js.delete_stream(stream)
-    for bucket in (names.cancel_bucket, names.workers_bucket, names.parser_leases_bucket, names.parsers_bucket,
-                   names.affinity_leases_bucket, names.affinity_holders_bucket):
+    for bucket in (names.cancel_bucket, names.workers_bucket, names.followers_bucket, names.parser_leases_bucket,
+                   names.parsers_bucket, names.affinity_leases_bucket, names.affinity_holders_bucket):
         with suppress(Exception):
             await js.delete_key_value(bucket)
     for store in (names.requests_store, names.model_files_store):

@@ -36,11 +36,12 @@ from steno.schemas.bus import (
     TokenStreamMessage,
     WorkerRegistration,
 )
-from steno.schemas.events import CommittedEvents
+from steno.schemas.events import AnnouncedEvents
 from steno.services.common.bus import (
     AFFINITY_SHARDS,
     CANCEL_FLAG_TTL_S,
     DUPLICATE_WINDOW_S,
+    FOLLOW_TTL_S,
     TOKENS_MAX_AGE_S,
     WORKER_REGISTRATION_TTL_S,
     Names,
@@ -84,7 +85,7 @@ class BusMessages:
     generation_work: Any = Annotated[GenerationWork, Field(discriminator="kind")]
     token_stream: Any = Annotated[TokenStreamMessage, Field(discriminator="kind")]
     token_batch_group: type[BaseModel] = TokenBatchGroup
-    committed_events: type[BaseModel] = CommittedEvents
+    announced_events: type[BaseModel] = AnnouncedEvents
     cancel_order: type[BaseModel] = CancelOrder
     worker_registration: type[BaseModel] = WorkerRegistration
     stored_request: type[BaseModel] = GenerationRequest
@@ -183,15 +184,21 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
             ),
         ),
         Channel(
-            "committed-events", f"{ns}.events.{{origin}}.{{response_id}}", messages.committed_events,
-            "A response's events, announced on core NATS right after they are committed to Postgres, for "
-            "live tails.",
+            "announced-events", f"{ns}.events.{{origin}}", messages.announced_events,
+            "The events of each response the API process made or follows, announced on core NATS right after "
+            "the parser commits them to Postgres, for live tails: one message per commit (more only where the "
+            "size limit asks).",
             publishers=("parser",),
-            receivers=(
-                Receiver("api", f"{ns}.events.{{origin}}.*", "Each API process follows the responses it made."),
-                Receiver("api", f"{ns}.events.{{origin}}.{{response_id}}",
-                         "Following a response another API process made."),
-            ),
+            receivers=(Receiver("api", f"{ns}.events.{{origin}}", "Each API process, on its own origin."),),
+        ),
+        Channel(
+            "followers", f"$KV.{names.followers_bucket}.{{response_id}}.{{origin}}", str,
+            "The API process follows a response another one made (the value is 1), so that the parser announces "
+            "its events to that process too; deleted when the last of its streams of the response ends, "
+            "refreshed meanwhile.",
+            publishers=("api",), text=True, bucket=kv(names.followers_bucket, FOLLOW_TTL_S, "{response_id}.{origin}"),
+            receivers=(Receiver("parser", f"$KV.{names.followers_bucket}.>", "Every parser watches the bucket "
+                                "into memory (kv_mirror)."),),
         ),
         Channel(
             "cancel-orders", f"$KV.{names.cancel_bucket}.{{response_id}}", messages.cancel_order,

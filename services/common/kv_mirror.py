@@ -25,17 +25,21 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_S = 1.0
 
 OnPut = Callable[[str, bytes], Awaitable[None]]
+OnForget = Callable[[str], None]
 
 
 class KvMirror:
-    def __init__(self, kv: KeyValue, name: str, forget_after_s: float, on_put: OnPut | None = None) -> None:
+    def __init__(self, kv: KeyValue, name: str, forget_after_s: float, on_put: OnPut | None = None,
+                 on_forget: OnForget | None = None) -> None:
         """``forget_after_s``: the bucket's TTL (an expired key sends no delete, so the
         copy forgets it itself). ``on_put`` runs for every key the copy learns of, the
-        ones already there at the start included."""
+        ones already there at the start included; ``on_forget`` for every key it drops,
+        deleted or lapsed (a lapsed one when the copy next changes)."""
         self._kv = kv
         self._name = name
         self._forget_after_s = forget_after_s
         self._on_put = on_put
+        self._on_forget = on_forget
         # key -> (monotonic time of its latest put, its value), oldest first
         self._seen: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._changed = asyncio.Event()
@@ -141,8 +145,10 @@ class KvMirror:
                 await watcher.stop()
 
     async def _apply(self, key: str, value: bytes, operation: str | None, age_s: float) -> None:
-        self._seen.pop(key, None)
+        known = self._seen.pop(key, None)
         if operation in (KV_DEL, KV_PURGE):
+            if known is not None and self._on_forget is not None:
+                self._on_forget(key)
             self._changed.set()
             return
         self._seen[key] = (time.monotonic() - age_s, value or b"")
@@ -161,6 +167,8 @@ class KvMirror:
             if seen >= horizon:
                 break
             del self._seen[key]
+            if self._on_forget is not None:
+                self._on_forget(key)
 
 
 def _age_s(created: datetime | None) -> float:

@@ -1,7 +1,8 @@
 """Replays a response's log and tails it live, gap-free and without duplicates.
 
-Subscribe to the live subject first, then replay from Postgres, so nothing committed
-in between is missed; live events at or below the cursor are dropped; a gap in live
+Listen to the live announcements first (asking the parsers to announce the response
+to this process too, when another made it), then replay from Postgres, so nothing
+committed in between is missed; live events at or below the cursor are dropped; a gap in live
 sequence numbers (core NATS may drop a message) is backfilled from Postgres; silence
 longer than ``poll_interval_s`` also triggers a read (backing off while NATS is up and
 nothing comes), so a NATS outage only delays. A writer that must show signs of life
@@ -10,17 +11,19 @@ during silence asks for empty runs (``keepalive_s``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from steno.schemas.events import CommittedEvents, LoggedEvent
+from steno.schemas.events import AnnouncedEvents, CommittedEvents, LoggedEvent
 from steno.schemas.ids import origin_of
+from steno.services.common.followers import FollowRegistry
 from steno.services.common.metrics import EDGE_REPLAY
 from steno.services.common.wake_timer import WakeTimer
 from steno.services.edge.event_reader import EventReader
@@ -33,42 +36,41 @@ MAX_POLL_INTERVAL_S = 30.0
 OUTAGE_TOLERANCE_S = 30.0
 _WAKE = object()
 
+log = logging.getLogger(__name__)
+
 
 class ResponseTail:
-    """``origin``: this API process's tag in the ids it makes. The events of those
-    responses come on one subscription for the process (``origin_subject``), opened by
-    ``start``; following any other response takes a subscription of its own."""
+    """``origin``: this API process's tag in the ids it makes. The parser announces the
+    events of those responses, and of any other this process follows (``followers``), on
+    one subscription for the process, opened by ``start``."""
 
-    def __init__(self, nc: Client, reader: EventReader, subject_for: Callable[[str], str],
-                 origin: str | None = None, origin_subject: str | None = None) -> None:
+    def __init__(self, nc: Client, reader: EventReader, origin: str, subject: str,
+                 followers: FollowRegistry) -> None:
         self._nc = nc
         self._reader = reader
-        self._subject_for = subject_for
         self._origin = origin
-        self._origin_subject = origin_subject
-        self._origin_subscription: Subscription | None = None
-        # response id -> the tails following it on the origin subscription
+        self._subject = subject
+        self._followers = followers
+        self._subscription: Subscription | None = None
+        # response id -> the tails following it
         self._following: dict[str, list[LiveEvents]] = {}
 
     async def start(self) -> None:
-        if self._origin_subject is not None:
-            self._origin_subscription = await self._nc.subscribe(self._origin_subject, cb=self._on_origin_message)
+        self._subscription = await self._nc.subscribe(self._subject, cb=self._on_message)
 
     @property
     def following_origin(self) -> bool:
         """Whether the subscription to this process's responses' events is open."""
-        return self._origin_subscription is not None
+        return self._subscription is not None
 
     async def stop(self) -> None:
-        if self._origin_subscription is not None:
-            await self._origin_subscription.unsubscribe()
-            self._origin_subscription = None
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
 
-    async def _on_origin_message(self, msg: Msg) -> None:
-        following = self._following.get(msg.subject.rpartition(".")[2])
-        if following:
-            committed = CommittedEvents.model_validate_json(msg.data)
-            for live in following:
+    async def _on_message(self, msg: Msg) -> None:
+        for committed in AnnouncedEvents.model_validate_json(msg.data).committed:
+            for live in self._following.get(committed.response_id, ()):
                 live.queue.put_nowait(committed)
 
     async def _read_after(self, response_id: str, cursor: int) -> list[LoggedEvent]:
@@ -102,20 +104,24 @@ class ResponseTail:
     async def listen(self, response_id: str) -> LiveEvents:
         """Starts receiving the events the parser announces for ``response_id``; whoever
         listens before the response can produce any need not read what came before."""
-        if self._origin_subscription is not None and origin_of(response_id) == self._origin:
-            live = LiveEvents(forget=lambda: self._forget(response_id, live))
-            self._following.setdefault(response_id, []).append(live)
-            return live
-        live = LiveEvents()
-        live.subscription = await self._nc.subscribe(self._subject_for(response_id), cb=live.on_message)
+        made_here = origin_of(response_id) == self._origin
+        live = LiveEvents(forget=lambda: self._forget(response_id, live, made_here))
+        self._following.setdefault(response_id, []).append(live)
+        if not made_here:
+            try:
+                await self._followers.follow(response_id)
+            except Exception as exc:
+                log.warning("following %s live failed (%s); its stream polls Postgres", response_id, exc)
         return live
 
-    def _forget(self, response_id: str, live: LiveEvents) -> None:
+    async def _forget(self, response_id: str, live: LiveEvents, made_here: bool) -> None:
         following = self._following.get(response_id, [])
         if live in following:
             following.remove(live)
         if not following:
             self._following.pop(response_id, None)
+        if not made_here:
+            await self._followers.unfollow(response_id)
 
     async def runs(
         self,
@@ -192,19 +198,12 @@ class LiveEvents:
     """Committed events of one response as the parser announces them (core NATS: fast,
     but a message can be lost, which the tail notices as a gap)."""
 
-    def __init__(self, forget: Callable[[], None] | None = None) -> None:
+    def __init__(self, forget: Callable[[], Awaitable[None]]) -> None:
         # Committed events, and the marks of a reader's wake-ups (``WakeTimer``).
         self.queue: asyncio.Queue[CommittedEvents | object] = asyncio.Queue()
-        self.subscription: Subscription | None = None
-        self._forget = forget
-
-    async def on_message(self, msg: Msg) -> None:
-        self.queue.put_nowait(CommittedEvents.model_validate_json(msg.data))
+        self._forget: Callable[[], Awaitable[None]] | None = forget
 
     async def close(self) -> None:
-        if self.subscription is not None:
-            await self.subscription.unsubscribe()
-            self.subscription = None
         if self._forget is not None:
-            self._forget()
-            self._forget = None
+            forget, self._forget = self._forget, None
+            await forget()

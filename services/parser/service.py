@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_partition_message, unpacked
+from steno.schemas.ids import origin_of
 from steno.schemas.responses import ParseContext
 from steno.services.common import logs
 from steno.services.common.bus import (
@@ -27,10 +28,12 @@ from steno.services.common.bus import (
     durable_pull_config,
     ensure_consumer,
     ensure_streams,
+    follower_registry,
     message_limit,
     partition_of,
 )
 from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.followers import Followers
 from steno.services.common.group_commit import GroupCommitter
 from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.leases import PartitionLeases
@@ -38,7 +41,7 @@ from steno.services.common.metrics import PARSED_EVENTS
 from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.tracing import exporting, tenant_of, trace_context, tracer
-from steno.services.parser.announcements import announcements
+from steno.services.parser.announcements import Announcements
 from steno.services.parser.event_log import EventLog, ParserPools, ResponseWrite
 from steno.services.parser.response_state import OutOfOrder, ResponseState
 
@@ -85,9 +88,11 @@ class ParserService:
         # fetched comes back to the partition's next holder within the ack wait, while
         # what waits here behind a slow commit is kept by in-progress acks.
         self._held = InProgress()
+        self._followers = Followers()
 
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
+        await self._followers.start(await follower_registry(self._js, self._names), self._names.followers_bucket)
         for partition in range(self._names.token_partitions):
             await ensure_consumer(
                 self._js,
@@ -107,6 +112,7 @@ class ParserService:
         finally:
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
+            await self._followers.stop()
 
     async def _beat(self) -> None:
         while True:
@@ -331,6 +337,7 @@ class ParserService:
         # Counted per model and commit: a labelled counter's lookup (a lock and a dict)
         # per response would come on every step of every long stream.
         parsed_by_model: dict[str, int] = {}
+        announcing = Announcements(self._message_limit)
         for write in committed:
             delivered = written.pop(write.response_id, [])
             to_ack += delivered
@@ -340,9 +347,11 @@ class ParserService:
                 parsed_by_model[state.model] = parsed_by_model.get(state.model, 0) + len(write.events)
             if write.final_snapshot is not None:
                 self._states.pop(write.response_id, None)
-            for announcement in announcements(write.response_id, write.events, self._message_limit):
-                with suppress(Exception):
-                    await self._nc.publish(self._names.events_subject(write.response_id), announcement)
+            announcing.add(write.response_id, write.events,
+                           [origin_of(write.response_id), *self._followers.of(write.response_id)])
+        for origin, announcement in announcing.messages():
+            with suppress(Exception):
+                await self._nc.publish(self._names.events_subject(origin), announcement)
         for model, count in parsed_by_model.items():
             PARSED_EVENTS.labels(model).inc(count)
         # A group settles as its least settled batch: held while any waits for Postgres,

@@ -14,9 +14,13 @@ import openai
 import orjson
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import KeyNotFoundError
 
 from steno.schemas.bus import WorkerRegistration, token_partition_message, unpacked
+from steno.schemas.events import AnnouncedEvents
+from steno.schemas.ids import origin_of
 from steno.services.common.bus import Names, model_token, worker_registry
+from steno.services.common.followers import follow_key
 from tests.conftest import SLOW_MODEL, stepping_together_in_one_partition
 from tests.token_streams import create, neighbours, publish_interleaved, statuses, stream_of
 
@@ -53,6 +57,57 @@ def test_background_stream_dropped_and_resumed_on_another_replica(stack, client)
     text = "".join(e["delta"] for e in first + rest if e["type"] == "response.output_text.delta")
     final = client.responses.retrieve(created.id)
     assert text == final.output_text and final.status == "completed"
+
+
+async def test_a_stream_resumed_on_another_replica_is_announced_to_it_live(stack, settings):
+    """The replica that follows a response made elsewhere registers itself, and the parser
+    announces the response's commits on that replica's own subject (not only to the
+    replica that made it); once its stream ends, the registration is gone."""
+    names = Names.from_settings(settings)
+    async with httpx.AsyncClient(headers=stack.headers(), timeout=60) as http:
+        made_there = await http.post(stack.url_of(1) + "/responses", json={"model": MODEL, "input": "origin"})
+        other_origin = origin_of(made_there.json()["id"])
+        nc = await nats.connect(settings.nats_url)
+        announced_there: list[int] = []
+        response_id = ""
+
+        async def on_announcement(msg) -> None:
+            for committed in AnnouncedEvents.model_validate_json(msg.data).committed:
+                if committed.response_id == response_id:
+                    announced_there.extend(event.seq for event in committed.events)
+
+        try:
+            await nc.subscribe(names.events_subject(other_origin), cb=on_announcement)
+            created = await http.post(stack.url_of(0) + "/responses", json={
+                "model": SLOW_MODEL, "input": "follow me from the other replica", "background": True})
+            response_id = created.json()["id"]
+            assert origin_of(response_id) != other_origin
+            seqs: list[int] = []
+            async with http.stream("GET", stack.url_of(1) + f"/responses/{response_id}",
+                                   params={"stream": "true"}) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: "):
+                        seqs.append(orjson.loads(line[6:])["sequence_number"])
+            await nc.flush()
+            assert seqs == list(range(len(seqs)))
+            # Most of the slow response was generated while the other replica followed it.
+            assert len(announced_there) > len(seqs) // 2 and announced_there[-1] == seqs[-1]
+            followers = await nc.jetstream().key_value(names.followers_bucket)
+            key = follow_key(response_id, other_origin)
+            deadline = time.monotonic() + 10
+            while await followers_has(followers, key) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not await followers_has(followers, key)
+        finally:
+            await nc.close()
+
+
+async def followers_has(bucket, key: str) -> bool:
+    try:
+        await bucket.get(key)
+    except KeyNotFoundError:
+        return False
+    return True
 
 
 def test_last_event_id_header_resumes_too(stack, client):

@@ -64,11 +64,12 @@ async def test_after_a_reconnect_the_copy_catches_up_with_what_changed(bucket, s
 async def test_writes_after_the_start_arrive_and_call_back(bucket):
     name, kv = bucket
     heard: list[tuple[str, bytes]] = []
+    forgotten: list[str] = []
 
     async def on_put(key: str, value: bytes) -> None:
         heard.append((key, value))
 
-    mirror = KvMirror(kv, name, forget_after_s=60, on_put=on_put)
+    mirror = KvMirror(kv, name, forget_after_s=60, on_put=on_put, on_forget=forgotten.append)
     await mirror.start()
     try:
         await kv.put("later", b"order")
@@ -80,19 +81,27 @@ async def test_writes_after_the_start_arrive_and_call_back(bucket):
         assert await mirror.wait_for(lambda: "later" not in mirror, timeout_s=5)
         assert heard == [("later", b"order"), ("later", b"changed")]  # a delete is not a write to act on
         assert mirror.get("later") is None
+        await kv.delete("never-there")
+        await kv.put("marker", b"1")
+        assert await mirror.wait_for(lambda: "marker" in mirror, timeout_s=5)
+        assert forgotten == ["later"]  # once, and only for a key it had
     finally:
         await mirror.stop()
 
 
 async def test_a_key_is_forgotten_once_older_than_the_bucket_ttl(bucket):
     name, kv = bucket
-    mirror = KvMirror(kv, name, forget_after_s=0.3)
+    forgotten: list[str] = []
+    mirror = KvMirror(kv, name, forget_after_s=0.3, on_forget=forgotten.append)
     await mirror.start()
     try:
         await kv.put("brief", b"1")
         assert await mirror.wait_for(lambda: "brief" in mirror, timeout_s=5)
         await asyncio.sleep(0.4)
         assert "brief" not in mirror
+        await kv.put("next", b"1")  # the copy drops what lapsed when it next changes
+        assert await mirror.wait_for(lambda: "next" in mirror, timeout_s=5)
+        assert forgotten == ["brief"]
     finally:
         await mirror.stop()
 

@@ -136,15 +136,20 @@ def test_the_follower_takes_each_batch_a_group_carries():
 
 
 def test_announcements_give_when_content_was_announced():
-    def announcement(*deltas: str) -> bytes:
+    def committed(response_id: str, *deltas: str) -> dict:
         events = [{"seq": i, "type": "response.output_text.delta", "payload": orjson.dumps({"delta": d}).decode()}
                   for i, d in enumerate(deltas)]
-        return orjson.dumps({"v": 1, "response_id": "r", "events": events})
+        return {"v": 1, "response_id": response_id, "events": events}
+
+    def announced(*committed: dict) -> bytes:
+        return orjson.dumps({"v": 1, "committed": list(committed)})
 
     follower = AnnouncementFollower()
-    follower.received = [(5.0, announcement("ab", "c")), (6.0, orjson.dumps({"v": 1, "response_id": "r", "events": [
-        {"seq": 3, "type": "response.output_item.added", "payload": "{}"}]})), (7.0, announcement("de"))]
-    assert follower.take_announcements() == {"r": Announcements([5.0, 7.0], [3, 5])}
+    no_content = {"v": 1, "response_id": "r", "events": [{"seq": 3, "type": "response.output_item.added",
+                                                           "payload": "{}"}]}
+    follower.received = [(5.0, announced(committed("r", "ab", "c"), committed("s", "xyz"))),
+                         (6.0, announced(no_content)), (7.0, announced(committed("r", "de")))]
+    assert follower.take_announcements() == {"r": Announcements([5.0, 7.0], [3, 5]), "s": Announcements([5.0], [3])}
 
 
 def test_each_delta_is_split_into_worker_parser_and_edge_stages():

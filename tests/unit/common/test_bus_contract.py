@@ -84,7 +84,8 @@ RESPONSE_ID = "resp_0123abcd" + "0" * 40
     NAMES.gen_subject("org/model.v2"),
     NAMES.gen_affinity_subject("gpt-oss-20b", 7),
     NAMES.tokens_subject(RESPONSE_ID),
-    NAMES.events_subject(RESPONSE_ID),
+    NAMES.events_subject("0123abcd"),
+    f"$KV.{NAMES.followers_bucket}.{RESPONSE_ID}.0123abcd",
     f"$KV.{NAMES.cancel_bucket}.{RESPONSE_ID}",
     f"$KV.{NAMES.workers_bucket}.gpt-oss-20b",
     f"$KV.{NAMES.parser_leases_bucket}.p3",
@@ -105,7 +106,8 @@ def test_every_stream_consumer_bucket_and_store_is_documented():
     facts = [channel["x-steno"] for channel in document["channels"].values()]
     assert {fact["stream"]["name"] for fact in facts if "stream" in fact} == {NAMES.gen_stream, NAMES.tokens_stream}
     assert {fact["bucket"]["name"] for fact in facts if "bucket" in fact} == {
-        NAMES.cancel_bucket, NAMES.workers_bucket, NAMES.parser_leases_bucket, NAMES.parsers_bucket,
+        NAMES.cancel_bucket, NAMES.workers_bucket, NAMES.followers_bucket, NAMES.parser_leases_bucket,
+        NAMES.parsers_bucket,
         NAMES.affinity_leases_bucket, NAMES.affinity_holders_bucket}
     assert set(document["x-steno-object-stores"]) == {NAMES.requests_store, NAMES.model_files_store}
     consumers = [template_pattern(receiver["consumer"]) for receiver in receivers(document)
@@ -114,7 +116,8 @@ def test_every_stream_consumer_bucket_and_store_is_documented():
                     NAMES.parser_consumer(11)):
         assert any(consumer.fullmatch(durable) for consumer in consumers), durable
     filters = [template_pattern(receiver["subject"]) for receiver in receivers(document)]
-    for subscribed in (NAMES.tokens_partition_filter(11), NAMES.origin_events("0123abcd")):
+    for subscribed in (NAMES.tokens_partition_filter(11), NAMES.events_subject("0123abcd"),
+                       f"$KV.{NAMES.followers_bucket}.{RESPONSE_ID}.0123abcd"):
         assert any(pattern.fullmatch(subscribed) for pattern in filters), subscribed
 
 
