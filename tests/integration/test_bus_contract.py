@@ -44,6 +44,8 @@ def contract_stack(settings, tmp_path):
         stack.add("worker", "worker", "--sim-tokens-per-s", "2000")
         stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
         stack.add_api()
+        # A second API process, to follow a response the first made.
+        stack.add_api()
         yield stack
 
 
@@ -54,9 +56,11 @@ async def served_models(client: openai.AsyncOpenAI, models: set[str], timeout_s:
         await asyncio.sleep(0.2)
 
 
-async def serve_a_mix(client: openai.AsyncOpenAI, partitions: int) -> None:
+async def serve_a_mix(client: openai.AsyncOpenAI, elsewhere: openai.AsyncOpenAI, partitions: int) -> None:
     """Streamed, blocking, cache-keyed, a function call, streams stepping together (so
-    batches of one partition go out in groups), and a background response cancelled."""
+    batches of one partition go out in groups), a background response streamed from
+    another API process (which registers as its follower), and a background response
+    cancelled."""
     stream = await client.responses.create(model=MODEL, input="stream this", stream=True)
     assert [event.type async for event in stream][-1] == "response.completed"
     assert (await client.responses.create(model=MODEL, input="a blocking one")).status == "completed"
@@ -66,6 +70,9 @@ async def serve_a_mix(client: openai.AsyncOpenAI, partitions: int) -> None:
     assert called.output[-1].type == "function_call"
     together, _ = await stepping_together_in_one_partition(client, SLOW_MODEL, partitions, "together " * 30)
     assert {(await client.responses.retrieve(rid)).status for rid in together} == {"completed"}
+    followed = await client.responses.create(model=SLOW_MODEL, input="follow me", background=True)
+    streamed = await elsewhere.responses.retrieve(followed.id, stream=True)
+    assert [event.type async for event in streamed][-1] == "response.completed"
     job = await client.responses.create(model=SLOW_MODEL, input="cancel me " * 20, background=True)
     deadline = time.monotonic() + 30
     while not (await client.responses.retrieve(job.id)).output:
@@ -109,12 +116,13 @@ async def test_everything_the_services_publish_is_a_message_of_the_contract(cont
 
     nc = await nats.connect(contract_stack.settings.nats_url)
     client = openai.AsyncOpenAI(base_url=contract_stack.base_url, api_key=contract_stack.keys["a"], max_retries=0)
+    elsewhere = openai.AsyncOpenAI(base_url=contract_stack.url_of(1), api_key=contract_stack.keys["a"], max_retries=0)
     try:
         # Core NATS subscribers see JetStream's publishes (KV puts included) too.
         await nc.subscribe(f"{namespace}.>", cb=capture)
         await nc.subscribe("$KV.>", cb=capture)
         await served_models(client, {MODEL, SLOW_MODEL})
-        await serve_a_mix(client, contract_stack.settings.token_partitions)
+        await serve_a_mix(client, elsewhere, contract_stack.settings.token_partitions)
         every_channel = set(document["channels"])
         deadline = time.monotonic() + 30
         while (seen := {channel for message in captured for channel in channels_of(document, message.subject)}) \
@@ -124,6 +132,7 @@ async def test_everything_the_services_publish_is_a_message_of_the_contract(cont
         with contextlib.suppress(Exception):
             await nc.close()
         await client.close()
+        await elsewhere.close()
 
     assert seen == every_channel, f"nothing seen on {every_channel - seen}"
     wrong = [problem for message in captured for problem in violations(document, message)]
