@@ -60,7 +60,7 @@ class FollowRegistry:
         streams = self._streams.get(response_id, 0)
         self._streams[response_id] = streams + 1
         if streams == 0:
-            await self._kv.put(follow_key(response_id, self._origin), b"1")
+            await self._put(response_id)
 
     async def unfollow(self, response_id: str) -> None:
         streams = self._streams.pop(response_id, 0) - 1
@@ -70,12 +70,15 @@ class FollowRegistry:
         with suppress(Exception):
             await self._kv.delete(follow_key(response_id, self._origin))
 
+    async def _put(self, response_id: str) -> None:
+        await self._kv.put(follow_key(response_id, self._origin), b"1")
+
     async def _refresh(self) -> None:
         while True:
             await asyncio.sleep(REFRESH_S)
             for response_id in list(self._streams):
                 try:
-                    await self._kv.put(follow_key(response_id, self._origin), b"1")
+                    await self._put(response_id)
                 except Exception as exc:
                     log.warning("refreshing the follow of %s failed (%s)", response_id, exc)
 

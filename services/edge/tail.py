@@ -2,11 +2,11 @@
 
 Listen to the live announcements first (asking the parsers to announce the response
 to this process too, when another made it), then replay from Postgres, so nothing
-committed in between is missed; live events at or below the cursor are dropped; a gap in live
-sequence numbers (core NATS may drop a message) is backfilled from Postgres; silence
-longer than ``poll_interval_s`` also triggers a read (backing off while NATS is up and
-nothing comes), so a NATS outage only delays. A writer that must show signs of life
-during silence asks for empty runs (``keepalive_s``)."""
+committed in between is missed; live events at or below the cursor are dropped; a gap
+in live sequence numbers (core NATS may drop a message) is backfilled from Postgres;
+silence longer than ``poll_interval_s`` also triggers a read (backing off while NATS is
+up and nothing comes), so a NATS outage only delays. A writer that must show signs of
+life during silence asks for empty runs (``keepalive_s``)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class ResponseTail:
         """Starts receiving the events the parser announces for ``response_id``; whoever
         listens before the response can produce any need not read what came before."""
         made_here = origin_of(response_id) == self._origin
-        live = LiveEvents(forget=lambda: self._forget(response_id, live, made_here))
+        live = LiveEvents(forget=lambda: self._forget(response_id, live))
         self._following.setdefault(response_id, []).append(live)
         if not made_here:
             try:
@@ -114,13 +114,13 @@ class ResponseTail:
                 log.warning("following %s live failed (%s); its stream polls Postgres", response_id, exc)
         return live
 
-    async def _forget(self, response_id: str, live: LiveEvents, made_here: bool) -> None:
+    async def _forget(self, response_id: str, live: LiveEvents) -> None:
         following = self._following.get(response_id, [])
         if live in following:
             following.remove(live)
         if not following:
             self._following.pop(response_id, None)
-        if not made_here:
+        if origin_of(response_id) != self._origin:
             await self._followers.unfollow(response_id)
 
     async def runs(
