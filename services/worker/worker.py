@@ -70,7 +70,7 @@ from steno.services.common.metrics import (
 from steno.services.common.model_files import publish_model_files
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.common.tracing import context_headers, message_headers, tenant_of, trace_context, tracer
-from steno.services.worker.batch_groups import BatchGroups
+from steno.services.worker.batch_groups import BatchGroups, Carried
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
 from steno.services.worker.token_batcher import PendingBatch, coalesce
@@ -334,14 +334,13 @@ class GenerationWorker:
                 delay = min(delay * 2, 1.0)
 
     async def _publish_grouped(self, response_id: str, subject: str, body: bytes, msg_id: str,
-                               context: dict[str, str]) -> None:
+                               carried: Carried) -> None:
         """Publishes a batch with those of other responses ready at the same moment;
         one that could not go in its group goes alone, riding out trouble as ``_publish``."""
-        headers = message_headers(msg_id, context)
         try:
-            await self._groups.publish(response_id, body, headers, msg_id)
+            await self._groups.publish(response_id, body, msg_id, carried)
         except Exception:
-            await self._publish(subject, body, msg_id, context)
+            await self._publish(subject, body, msg_id, carried.headers)
 
     async def _give_up(self, response_id: str, attempt: int, out: _AttemptOutput, prompt_tokens: int,
                        exc: Exception) -> None:
@@ -410,7 +409,7 @@ class GenerationWorker:
             await msg.ack_sync()
             return
         out.tokens = len(prior.token_ids)
-        context = context_headers()
+        carried = Carried.of(context_headers())
 
         async def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> None:
             batch_no = out.batches
@@ -427,11 +426,11 @@ class GenerationWorker:
                 parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
-            body, msg_id = batch.model_dump_json().encode(), f"{rid}:{attempt}:{batch_no}"
+            body, msg_id = batch.model_dump_json(exclude_none=True).encode(), f"{rid}:{attempt}:{batch_no}"
             if request.groupable:
-                await self._publish_grouped(rid, subject, body, msg_id, context)
+                await self._publish_grouped(rid, subject, body, msg_id, carried)
             else:
-                await self._publish(subject, body, msg_id, context)
+                await self._publish(subject, body, msg_id, carried.headers)
             out.batches += 1
             out.tokens += len(pending.token_ids)
             self._tokens_published.inc(len(pending.token_ids))

@@ -11,7 +11,7 @@ from nats.js.errors import NoStreamResponseError
 from steno.schemas.bus import TokenBatch, TokenBatchGroup, token_partition_message
 from steno.services.common import bus
 from steno.services.common.stored_publish import StoredPublisher
-from steno.services.worker.batch_groups import BatchGroups
+from steno.services.worker.batch_groups import BatchGroups, Carried
 from tests.conftest import namespace_of_its_own
 from tests.token_streams import neighbours
 
@@ -27,10 +27,9 @@ async def bus_of_test(settings):
         await publisher.stop()
 
 
-def encoded(rid: str, number: int, padding: int = 0) -> tuple[str, bytes, dict[str, str], str]:
+def encoded(rid: str, number: int, padding: int = 0) -> tuple[str, bytes, str, Carried]:
     batch = TokenBatch(response_id=rid, attempt=0, batch_no=number, token_ids=[number] * (1 + padding))
-    msg_id = f"{rid}:0:{number}"
-    return rid, batch.model_dump_json().encode(), {"Nats-Msg-Id": msg_id, "Steno-Tenant": "a"}, msg_id
+    return rid, batch.model_dump_json().encode(), f"{rid}:0:{number}", Carried.of({"Steno-Tenant": "a"})
 
 
 async def stored_on(js, names, subject: str) -> list[bytes]:
@@ -62,8 +61,8 @@ async def test_a_batch_without_company_goes_on_its_own_subject(bus_of_test, sett
     js, names, publisher, limit = bus_of_test
     groups = BatchGroups(publisher, names, limit)
     [alone] = neighbours(settings, 1)
-    rid, body, headers, msg_id = encoded(alone, 0)
-    await groups.publish(rid, body, headers, msg_id)
+    rid, body, msg_id, carried = encoded(alone, 0)
+    await groups.publish(rid, body, msg_id, carried)
     assert await stored_on(js, names, names.tokens_subject(alone)) == [body]
     partition = bus.partition_of(alone, settings.token_partitions)
     assert await stored_on(js, names, names.tokens_group_subject(partition)) == []
