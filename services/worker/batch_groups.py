@@ -18,6 +18,7 @@ import orjson
 
 from steno.services.common.bus import Names, partition_of
 from steno.services.common.stored_publish import StoredPublisher
+from steno.services.common.tracing import message_headers
 
 # A group's body stays this far under the bus's message limit (the envelope of each
 # batch, and a margin for headers).
@@ -102,7 +103,7 @@ class BatchGroups:
             if len(batches) == 1:
                 alone = batches[0]
                 await self._publisher.publish(self._names.tokens_subject(alone.response_id), alone.body,
-                                              {"Nats-Msg-Id": alone.msg_id, **alone.carried.headers})
+                                              message_headers(alone.msg_id, alone.carried.headers))
             else:
                 body = group_body([(grouped.carried.member_head, grouped.body) for grouped in batches])
                 await self._publisher.publish(self._names.tokens_group_subject(partition), body,
