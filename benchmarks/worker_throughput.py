@@ -200,8 +200,7 @@ async def _through_bus(js: JetStreamContext, names: bus.Names, requests: list[Ge
     try:
         await asyncio.sleep(0.5)  # the worker's consumer is in place
         started = time.perf_counter()
-        for request in requests:
-            await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        await publish_requests(js, names, requests)
         try:
             await asyncio.wait_for(done.wait(), timeout_s)
         except TimeoutError:
@@ -236,6 +235,11 @@ def make_requests(count: int, sampling: SamplingParams) -> list[GenerationReques
                           sampling=sampling, groupable=True)
         for p in prompts(count)
     ]
+
+
+async def publish_requests(js: JetStreamContext, names: bus.Names, requests: list[GenerationRequest]) -> None:
+    for request in requests:
+        await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
 
 
 async def bench_engine(args, name: str, engine, sampling: SamplingParams, requests: int, concurrency: int) -> Result:
@@ -296,13 +300,11 @@ async def _steady_round(nc: Client, names: bus.Names, result: SteadyResult, time
     watching = await nc.subscribe(f"{names.namespace}.tokens.>", cb=watch)
     try:
         await asyncio.sleep(0.5)  # the worker's consumer is in place
-        prompts_of = [request.prompt_token_ids for request in make_requests(streams, SamplingParams())]
         # A first token of each prompt renders the simulator's completions, which a GPU
-        # engine would not spend these cores on; the measured round reuses them.
-        for prompt in prompts_of:
-            warm = GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL,
-                                     prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=1), groupable=True)
-            await js.publish(names.gen_subject(MODEL), warm.model_dump_json().encode())
+        # engine would not spend these cores on; the measured round (the same prompts)
+        # reuses them.
+        await publish_requests(js, names, make_requests(streams, SamplingParams(max_tokens=1)))
+        measured = make_requests(streams, SamplingParams())
         await asyncio.wait_for(all_ended.wait(), timeout_s)
         ended = 0
         all_ended.clear()
@@ -311,10 +313,7 @@ async def _steady_round(nc: Client, names: bus.Names, result: SteadyResult, time
             freeze_startup_heap()
         first_seq = (await js.stream_info(names.tokens_stream)).state.last_seq + 1
         cpu_before, started = time.process_time(), time.perf_counter()
-        for prompt in prompts_of:
-            request = GenerationRequest(response_id=f"resp_{secrets.token_hex(8)}", model=MODEL,
-                                        prompt_token_ids=prompt, sampling=SamplingParams(), groupable=True)
-            await js.publish(names.gen_subject(MODEL), request.model_dump_json().encode())
+        await publish_requests(js, names, measured)
         try:
             await asyncio.wait_for(all_ended.wait(), timeout_s)
         except TimeoutError:
