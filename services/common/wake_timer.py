@@ -1,27 +1,26 @@
-"""A deadline for a loop that waits on a queue: at the deadline a mark is put in the
-queue, so the loop's one wait (``await queue.get()``) ends for an item or for time.
+"""A deadline that moves with every item a loop handles (the next flush, the next poll,
+the next keepalive), kept on one timer.
 
-A loop whose deadline moves with every item (the next flush, the next poll, the next
-keepalive) would otherwise enter a timeout around each wait, which schedules a timer and
-cancels it again per item. Here one timer is armed only when an earlier wake than the
-armed one is needed; a wake that comes before the loop's current deadline (the deadline
-moved on meanwhile) is the loop's cue to ask again, which arms the timer for the new one."""
+A loop whose deadline moves with every item would otherwise enter a timeout around each
+wait, or cancel and schedule a timer per item. Here one timer is armed only when an
+earlier wake than the armed one is needed; a wake that comes before the loop's current
+deadline (the deadline moved on meanwhile) is the loop's cue to look again, which arms
+the timer for the new one. A loop that waits on a queue is woken by a mark put in it."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from typing import Any
+from collections.abc import Callable
 
 
 class WakeTimer:
-    """Puts ``mark`` in ``queue`` once the earliest time asked of ``at`` comes (on
+    """Calls ``wake`` once the earliest time asked of ``at`` comes (on
     ``time.monotonic``'s clock). ``cancel`` when the loop ends."""
 
-    def __init__(self, queue: asyncio.Queue[Any], mark: object) -> None:
-        self._queue = queue
-        self._mark = mark
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake_up = wake
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
@@ -37,7 +36,7 @@ class WakeTimer:
 
     def _wake(self) -> None:
         self._timer, self._armed_at = None, math.inf
-        self._queue.put_nowait(self._mark)
+        self._wake_up()
 
     def cancel(self) -> None:
         if self._timer is not None:

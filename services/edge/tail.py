@@ -145,7 +145,7 @@ class ResponseTail:
         keepalive_at = time.monotonic() + keepalive_s if keepalive_s is not None else math.inf
         # The next poll and keepalive move on with every event: a mark in the queue wakes
         # the wait at the earlier one, rather than a timeout around each wait.
-        wake = WakeTimer(live.queue, _WAKE)
+        wake = WakeTimer(lambda: live.queue.put_nowait(_WAKE))
         try:
             batch = known if known is not None else await self._replay(response_id, cursor)
             while True:

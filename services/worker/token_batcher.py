@@ -1,11 +1,17 @@
 """Coalesces engine outputs into token batches: the first tokens as they come, then at
-most one batch per interval (or per N tokens)."""
+most one batch per interval (or per N tokens), one batch in flight at a time.
+
+The task that reads the engine coalesces as it reads, and nothing waits in a task for a
+batch's store: the batch's future calls back once it is stored, and the next batch goes
+from there, or from a timer at the interval's end. A token then wakes the worker once
+(for the engine's output), not three times (the engine's reader, a coalescing task,
+and that task again when its batch was stored)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from steno.services.common.wake_timer import WakeTimer
@@ -34,8 +40,8 @@ class PendingBatch:
             self.top_logprobs = (self.top_logprobs or []) + output.top_logprobs
 
 
-Flush = Callable[[PendingBatch], Awaitable[None]]
-_WAKE = object()
+# Starts storing a batch; the future resolves once it is stored.
+Flush = Callable[[PendingBatch], "asyncio.Future[None]"]
 
 
 # What a client waits for before it sees anything: the answer's message header (in
@@ -60,69 +66,141 @@ async def coalesce(
 ) -> tuple[EngineOutput | None, PendingBatch]:
     """Drains ``outputs`` into ``flush`` calls, all but the last batch: returns the output
     that carried the finish reason (None when the engine stopped without one) and the
-    last batch, which goes out with the attempt's end. Until ``eager_tokens`` tokens are
-    out every output goes at once (time to first content is what users feel); after
-    that a batch goes ``interval_s`` after the previous one, or at once when the stream
+    last batch, which goes out with the attempt's end, once every batch before it is
+    stored. Until ``eager_tokens`` tokens are out every output goes as soon as the batch
+    before it is stored (time to first content is what users feel); after that a batch
+    goes ``interval_s`` after the previous one was stored, or at once when the stream
     was quiet for most of that (``QUIET_SHARE``), so a stream costs at most about one
-    message per interval. After
-    ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
-    into a keepalive event."""
-    queue: asyncio.Queue[tuple[EngineOutput, float] | object | None] = asyncio.Queue()
-
-    async def produce() -> None:
+    message per interval. After ``keepalive_s`` without a flush it flushes an empty
+    batch, which the parser turns into a keepalive event. A batch that is not stored
+    fails the call at once, whatever the engine is doing."""
+    coalescer = _Coalescer(flush, interval_s, max_tokens, keepalive_s, eager_tokens)
+    last: EngineOutput | None = None
+    try:
         try:
             async for output in outputs:
-                await queue.put((output, time.time()))
-        finally:
-            await queue.put(None)
-
-    # A deadline (the interval's end, the keepalive's) wakes the loop by a mark in the
-    # queue (a timeout around each wait cost a timer scheduled and cancelled per token).
-    wake = WakeTimer(queue, _WAKE)
-    producer = asyncio.create_task(produce())
-    pending = PendingBatch()
-    deadline: float | None = None
-    last: EngineOutput | None = None
-    last_flush = time.monotonic()
-    flushed_tokens = 0
-    try:
-        while True:
-            keepalive_at = last_flush + keepalive_s if keepalive_s is not None else None
-            wake.at(deadline if deadline is not None else keepalive_at)
-            received = await queue.get()
-            # What else came meanwhile goes in the same batch.
-            while isinstance(received, tuple) and received[0].finish_reason is None and not queue.empty():
-                pending.add(*received)
-                received = queue.get_nowait()
-            if received is None:
-                break
-            if isinstance(received, tuple):
-                output, emitted_at = received
-                pending.add(output, emitted_at)
-                if output.finish_reason is not None:
-                    last = output
-                    break
-            now = time.monotonic()
-            if not pending.token_ids:
-                if keepalive_s is not None and now >= last_flush + keepalive_s:
-                    await flush(PendingBatch())
-                    last_flush = time.monotonic()
-            else:
-                if deadline is None:
-                    deadline = last_flush + interval_s
-                if (now >= deadline or len(pending.token_ids) >= max_tokens or flushed_tokens < eager_tokens
-                        or now >= last_flush + QUIET_SHARE * interval_s):
-                    flushed_tokens += len(pending.token_ids)
-                    await flush(pending)
-                    pending, deadline = PendingBatch(), None
-                    last_flush = time.monotonic()
-        try:
-            await producer  # re-raises what the engine raised
-        except BaseException:
-            if pending.token_ids:
-                await flush(pending)
+                if last is None:  # anything after the finish is not the response's
+                    coalescer.add(output, time.time())
+                    if output.finish_reason is not None:
+                        last = output
+        except asyncio.CancelledError:
+            failure = coalescer.failure
+            task = asyncio.current_task()
+            # Cancelled by a batch that failed, and by nothing else: that failure is the outcome.
+            if failure is not None and task is not None and task.uncancel() == 0:
+                raise failure from None
             raise
-        return last, pending
+        except Exception:
+            if coalescer.failure is not None:
+                raise
+            # The engine failed: what it said before goes out first.
+            await coalescer.settle()
+            if coalescer.pending.token_ids:
+                await flush(coalescer.pending)
+            raise
+        await coalescer.settle()
+        return last, coalescer.pending
     finally:
-        producer.cancel()
-        wake.cancel()
+        coalescer.close()
+        if isinstance(outputs, AsyncGenerator):
+            await outputs.aclose()  # left at a yield when a batch failed: the engine lets it go now
+
+
+class _Coalescer:
+    """One attempt's batching, driven by its outputs, its batches' stores and one timer."""
+
+    def __init__(self, flush: Flush, interval_s: float, max_tokens: int, keepalive_s: float | None,
+                 eager_tokens: int) -> None:
+        self._flush = flush
+        self._interval_s = interval_s
+        self._max_tokens = max_tokens
+        self._keepalive_s = keepalive_s
+        self._eager_tokens = eager_tokens
+        self.pending = PendingBatch()
+        self.failure: BaseException | None = None
+        self._in_flight: asyncio.Future[None] | None = None
+        # Resolved once the batch in flight has been handled (``_stored``), for ``settle``.
+        self._handled: asyncio.Future[None] | None = None
+        self._last_flush = time.monotonic()
+        self._flushed_tokens = 0
+        self._closed = False
+        # The task reading the engine: a batch that fails while it waits there cancels the wait.
+        self._reader = asyncio.current_task()
+        self._timer = WakeTimer(self._consider)
+        self._consider()
+
+    def add(self, output: EngineOutput, emitted_at: float) -> None:
+        """Adds the output to the pending batch; the one that finishes stays there, to go
+        out with the attempt's end."""
+        self.pending.add(output, emitted_at)
+        if output.finish_reason is not None:
+            self.close()
+            return
+        self._consider()
+        if self.failure is not None:
+            raise self.failure
+
+    async def settle(self) -> None:
+        """Sends nothing more; returns once the batch in flight is stored and every callback
+        of its has run (the future alone may be done with them still to come)."""
+        self.close()
+        if self._in_flight is not None:
+            self._handled = asyncio.get_running_loop().create_future()
+            await self._handled
+        if self.failure is not None:
+            raise self.failure
+
+    def close(self) -> None:
+        self._closed = True
+        self._timer.cancel()
+
+    def _consider(self) -> None:
+        """Sends the pending batch if it is due, else wakes again when it will be."""
+        if self._closed or self._in_flight is not None:
+            return  # the batch in flight, once stored, considers again
+        now = time.monotonic()
+        tokens = len(self.pending.token_ids)
+        if tokens:
+            due = self._last_flush + self._interval_s
+            if (now >= due or tokens >= self._max_tokens or self._flushed_tokens < self._eager_tokens
+                    or now >= self._last_flush + QUIET_SHARE * self._interval_s):
+                self._send()
+            else:
+                self._timer.at(due)
+        elif self._keepalive_s is not None:
+            due = self._last_flush + self._keepalive_s
+            if now >= due:
+                self._send()
+            else:
+                self._timer.at(due)
+
+    def _send(self) -> None:
+        batch, self.pending = self.pending, PendingBatch()
+        self._flushed_tokens += len(batch.token_ids)
+        try:
+            stored = self._flush(batch)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._in_flight = stored
+        stored.add_done_callback(self._stored)
+
+    def _stored(self, stored: asyncio.Future[None]) -> None:
+        self._in_flight = None
+        failure = RuntimeError("storing a batch was cancelled") if stored.cancelled() else stored.exception()
+        if failure is not None:
+            self._fail(failure)
+        else:
+            self._last_flush = time.monotonic()
+            self._consider()
+        if self._handled is not None and not self._handled.done():
+            self._handled.set_result(None)
+
+    def _fail(self, failure: BaseException) -> None:
+        if self.failure is None:
+            self.failure = failure
+        if self._closed:
+            return  # the reader is not waiting on the engine: it hears of it where it is
+        self.close()
+        if self._reader is not None and asyncio.current_task() is not self._reader:
+            self._reader.cancel()

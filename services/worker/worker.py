@@ -117,7 +117,7 @@ class GenerationWorker:
         self._nc = nc
         self._js = nc.jetstream()
         self._publisher = StoredPublisher(nc)
-        self._groups = BatchGroups(self._publisher, names, message_limit(nc))
+        self._groups = BatchGroups(self._publisher, names, message_limit(nc), alone=self._publish)
         self._names = names
         self._model = model
         self._engine = engine
@@ -333,15 +333,6 @@ class GenerationWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _publish_grouped(self, response_id: str, subject: str, body: bytes, msg_id: str,
-                               carried: Carried) -> None:
-        """Publishes a batch with those of other responses ready at the same moment;
-        one that could not go in its group goes alone, riding out trouble as ``_publish``."""
-        try:
-            await self._groups.publish(response_id, body, msg_id, carried)
-        except Exception:
-            await self._publish(subject, body, msg_id, carried.headers)
-
     async def _give_up(self, response_id: str, attempt: int, out: _AttemptOutput, prompt_tokens: int,
                        exc: Exception) -> None:
         """Ends the response with an error at this attempt's next position, where the
@@ -411,7 +402,10 @@ class GenerationWorker:
         out.tokens = len(prior.token_ids)
         carried = Carried.of(context_headers())
 
-        async def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> None:
+        def publish_batch(pending: PendingBatch, ended: GenerationEnded | None = None) -> asyncio.Future[None]:
+            """Starts storing the attempt's next batch (the one before it is stored): with
+            those of other responses ready at the same moment where it may, riding out
+            trouble as ``_publish``. The future resolves once it is stored."""
             batch_no = out.batches
             batch = TokenBatch(
                 response_id=rid,
@@ -428,12 +422,26 @@ class GenerationWorker:
             )
             body, msg_id = batch.model_dump_json(exclude_none=True).encode(), f"{rid}:{attempt}:{batch_no}"
             if request.groupable:
-                await self._publish_grouped(rid, subject, body, msg_id, carried)
+                stored = self._groups.publish(rid, body, msg_id, carried)
             else:
-                await self._publish(subject, body, msg_id, carried.headers)
+                stored = asyncio.ensure_future(self._publish(subject, body, msg_id, carried.headers))
+            # Counted as it goes, so the next batch is numbered after it whenever that is
+            # sent (a number used twice is a duplicate to JetStream, dropped); taken back
+            # if it is not stored, before the attempt hears of it (a batch's callbacks run
+            # in the order added: this one before the coalescer's).
+            tokens = len(pending.token_ids)
             out.batches += 1
-            out.tokens += len(pending.token_ids)
-            self._tokens_published.inc(len(pending.token_ids))
+            out.tokens += tokens
+
+            def settled(stored: asyncio.Future[None]) -> None:
+                if stored.cancelled() or stored.exception() is not None:
+                    out.batches -= 1
+                    out.tokens -= tokens
+                else:
+                    self._tokens_published.inc(tokens)
+
+            stored.add_done_callback(settled)
+            return stored
 
         started = time.monotonic()
         last, error, tail = None, None, PendingBatch()

@@ -1,7 +1,7 @@
 """The worker's token batches grouped per partition (``BatchGroups``), against real
 JetStream: what is published in one turn of the event loop is stored as one message per
 partition, a batch without company goes on its own subject, and a group that cannot be
-stored fails every batch in it."""
+stored fails every batch in it, or sends each again alone where the worker says how."""
 
 import asyncio
 
@@ -90,3 +90,18 @@ async def test_a_group_that_is_not_stored_fails_every_batch_in_it(bus_of_test, s
                                     return_exceptions=True)
     assert all(isinstance(outcome, NoStreamResponseError) for outcome in outcomes)
 
+
+
+async def test_each_batch_of_a_group_not_stored_goes_again_alone(bus_of_test, settings):
+    _, _, publisher, limit = bus_of_test
+    nowhere = bus.Names(settings.namespace + "nostream", settings.token_partitions)
+    sent_alone: list[tuple[str, bytes, str, dict[str, str]]] = []
+
+    async def alone(subject: str, body: bytes, msg_id: str, headers: dict[str, str]) -> None:
+        sent_alone.append((subject, body, msg_id, headers))
+
+    groups = BatchGroups(publisher, nowhere, limit, alone=alone)
+    batches = [encoded(rid, 0) for rid in neighbours(settings, 3)]
+    await asyncio.gather(*(groups.publish(*batch) for batch in batches))
+    assert sent_alone == [(nowhere.tokens_subject(rid), body, msg_id, carried.headers)
+                          for rid, body, msg_id, carried in batches]

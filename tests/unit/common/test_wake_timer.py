@@ -1,4 +1,4 @@
-"""A loop's deadline as a mark in its queue: one timer, armed only for an earlier wake."""
+"""A loop's deadline (here a mark in its queue): one timer, armed only for an earlier wake."""
 
 import asyncio
 import time
@@ -24,7 +24,7 @@ async def marks_within(queue: asyncio.Queue, seconds: float) -> list[float]:
 
 async def test_the_mark_comes_at_the_deadline():
     queue: asyncio.Queue = asyncio.Queue()
-    wake = WakeTimer(queue, MARK)
+    wake = WakeTimer(lambda: queue.put_nowait(MARK))
     wake.at(time.monotonic() + 0.05)
     came = await marks_within(queue, 0.3)
     assert len(came) == 1 and came[0] >= 0.045
@@ -33,7 +33,7 @@ async def test_the_mark_comes_at_the_deadline():
 async def test_a_later_deadline_leaves_the_armed_wake_alone():
     """The loop learns at the early wake that its deadline moved, and asks again."""
     queue: asyncio.Queue = asyncio.Queue()
-    wake = WakeTimer(queue, MARK)
+    wake = WakeTimer(lambda: queue.put_nowait(MARK))
     now = time.monotonic()
     wake.at(now + 0.05)
     for later in (0.1, 0.2, 10.0):
@@ -46,7 +46,7 @@ async def test_a_later_deadline_leaves_the_armed_wake_alone():
 
 async def test_an_earlier_deadline_replaces_the_armed_one():
     queue: asyncio.Queue = asyncio.Queue()
-    wake = WakeTimer(queue, MARK)
+    wake = WakeTimer(lambda: queue.put_nowait(MARK))
     now = time.monotonic()
     wake.at(now + 0.25)
     wake.at(now + 0.02)
@@ -56,7 +56,7 @@ async def test_an_earlier_deadline_replaces_the_armed_one():
 
 async def test_a_deadline_already_past_wakes_at_once_and_none_or_cancel_wakes_never():
     queue: asyncio.Queue = asyncio.Queue()
-    wake = WakeTimer(queue, MARK)
+    wake = WakeTimer(lambda: queue.put_nowait(MARK))
     wake.at(time.monotonic() - 1)
     assert len(await marks_within(queue, 0.05)) == 1
     wake.at(None)

@@ -7,6 +7,11 @@ from steno.services.worker.engine import EngineError, EngineOutput
 from steno.services.worker.token_batcher import coalesce
 
 
+def started(store):
+    """A flush that starts ``store(batch)`` and hands back its future."""
+    return lambda batch: asyncio.ensure_future(store(batch))
+
+
 async def source(outputs, gap_s=0.0, fail=False):
     for output in outputs:
         if gap_s:
@@ -23,7 +28,8 @@ def run(outputs, interval_s, max_tokens, gap_s=0.0, fail=False, eager_tokens=1):
         flushed.append(list(batch.token_ids))
 
     async def go():
-        return await coalesce(source(outputs, gap_s, fail), flush, interval_s, max_tokens, eager_tokens=eager_tokens)
+        return await coalesce(source(outputs, gap_s, fail), started(flush), interval_s, max_tokens,
+                              eager_tokens=eager_tokens)
 
     last, tail = asyncio.run(go())
     # The last batch is returned to go out with the end; here it goes out after the others.
@@ -45,7 +51,7 @@ def test_outputs_that_queued_up_during_a_flush_share_the_next_batch():
 
     async def go():
         outputs = [EngineOutput([i]) for i in range(5)] + [EngineOutput([5], finish_reason="stop")]
-        _, tail = await coalesce(source(outputs, gap_s=0.01), slow_flush, 10, 100, eager_tokens=100)
+        _, tail = await coalesce(source(outputs, gap_s=0.01), started(slow_flush), 10, 100, eager_tokens=100)
         flushed.append(list(tail.token_ids))
 
     asyncio.run(go())
@@ -90,7 +96,7 @@ def test_a_stream_quiet_for_most_of_an_interval_sends_its_token_at_once():
     async def flush(batch):
         flushed.append(list(batch.token_ids))
 
-    asyncio.run(coalesce(source(), flush, 0.2, 100, eager_tokens=1))
+    asyncio.run(coalesce(source(), started(flush), 0.2, 100, eager_tokens=1))
     assert flushed == [[0], [1], [2]]
 
 
@@ -107,7 +113,7 @@ def test_logprobs_follow_their_tokens():
 
     async def go():
         outputs = [EngineOutput([1], logprobs=[-1.0]), EngineOutput([2], logprobs=[-2.0], finish_reason="stop")]
-        _, tail = await coalesce(source(outputs), flush, 10, 100)
+        _, tail = await coalesce(source(outputs), started(flush), 10, 100)
         await flush(tail)
 
     asyncio.run(go())
@@ -127,7 +133,7 @@ def test_silence_longer_than_the_keepalive_flushes_empty_batches():
             await asyncio.sleep(0.25)
             yield EngineOutput([7], finish_reason="stop")
 
-        return await coalesce(slow(), flush, 0.01, 100, keepalive_s=0.1)
+        return await coalesce(slow(), started(flush), 0.01, 100, keepalive_s=0.1)
 
     last, tail = asyncio.run(go())
     assert flushed[:2] == [[], []]
@@ -142,7 +148,7 @@ def test_the_last_batch_is_returned_to_go_out_with_the_end():
 
     async def go():
         outputs = [EngineOutput([1]), EngineOutput([2]), EngineOutput([3], finish_reason="length")]
-        return await coalesce(source(outputs, gap_s=0.005), flush, 10, 100, eager_tokens=1)
+        return await coalesce(source(outputs, gap_s=0.005), started(flush), 10, 100, eager_tokens=1)
 
     last, tail = asyncio.run(go())
     assert flushed == [[1]]
@@ -163,7 +169,7 @@ def test_each_batch_carries_when_its_first_and_last_tokens_were_emitted():
         flushed.append((list(batch.token_ids), batch.first_emitted_at, batch.emitted_at))
 
     async def go():
-        _, tail = await coalesce(timed_source(), flush, 0.025, 100, keepalive_s=0.005, eager_tokens=2)
+        _, tail = await coalesce(timed_source(), started(flush), 0.025, 100, keepalive_s=0.005, eager_tokens=2)
         flushed.append((list(tail.token_ids), tail.first_emitted_at, tail.emitted_at))
 
     asyncio.run(go())
@@ -176,3 +182,120 @@ def test_each_batch_carries_when_its_first_and_last_tokens_were_emitted():
         assert yielded_at[last] <= emitted_at < yielded_at.get(last + 1, float("inf"))
     # keepalives emit nothing
     assert all(first is None and last is None for tokens, first, last in flushed if not tokens)
+
+
+def test_one_batch_is_in_flight_at_a_time_and_the_end_waits_for_it():
+    """Eager tokens too wait for the batch before them to be stored; the last batch is
+    handed back only once every batch before it is."""
+    in_flight = 0
+    most_in_flight = 0
+    stored: list[list[int]] = []
+
+    async def store(batch):
+        nonlocal in_flight, most_in_flight
+        in_flight += 1
+        most_in_flight = max(most_in_flight, in_flight)
+        await asyncio.sleep(0.02)
+        stored.append(list(batch.token_ids))
+        in_flight -= 1
+
+    async def go():
+        outputs = [EngineOutput([i]) for i in range(6)] + [EngineOutput([6], finish_reason="stop")]
+        _, tail = await coalesce(source(outputs, gap_s=0.005), started(store), 10, 100, eager_tokens=100)
+        assert in_flight == 0
+        return tail
+
+    tail = asyncio.run(go())
+    assert most_in_flight == 1
+    assert stored[0] == [0] and len(stored) < 6
+    assert sum(stored, []) + tail.token_ids == list(range(7))
+
+
+def test_a_batch_not_stored_fails_the_call_while_the_engine_is_silent():
+    class Refused(Exception):
+        pass
+
+    async def refuse(batch):
+        raise Refused
+
+    async def silent_after_one():
+        yield EngineOutput([1])
+        await asyncio.sleep(30)
+        yield EngineOutput([2], finish_reason="stop")
+
+    async def go():
+        started_at = time.monotonic()
+        with pytest.raises(Refused):
+            await coalesce(silent_after_one(), started(refuse), 10, 100)
+        return time.monotonic() - started_at
+
+    assert asyncio.run(go()) < 5
+
+
+def test_a_cancelled_reader_is_cancelled_not_failed():
+    """Shutting down cancels the attempt's task: that stays a cancellation, and the
+    batch in flight is let go."""
+    async def go():
+        began = asyncio.Event()
+
+        async def slow_store(batch):
+            began.set()
+            await asyncio.sleep(30)
+
+        async def endless():
+            for i in range(1000):
+                await asyncio.sleep(0.001)
+                yield EngineOutput([i])
+
+        reading = asyncio.create_task(coalesce(endless(), started(slow_store), 10, 100))
+        await began.wait()
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(go())
+
+
+def test_a_batch_stored_as_the_engine_finishes_is_settled_before_the_end():
+    """The batch in flight is stored in the very step in which the engine finishes: the
+    call returns only after that batch's own callbacks ran (the worker numbers the last
+    batch after them; a number used twice would be dropped as a duplicate)."""
+    settled: list[list[int]] = []
+    in_flight: list[asyncio.Future] = []
+
+    def flush(batch):
+        stored = asyncio.get_running_loop().create_future()
+        stored.add_done_callback(lambda _: settled.append(list(batch.token_ids)))
+        in_flight.append(stored)
+        return stored
+
+    async def source():
+        yield EngineOutput([1])
+        in_flight[0].set_result(None)  # stored while the reader is still reading
+        yield EngineOutput([2], finish_reason="stop")
+
+    async def go():
+        _, tail = await coalesce(source(), flush, 10, 100, eager_tokens=100)
+        return list(settled), tail
+
+    settled_at_the_end, tail = asyncio.run(go())
+    assert settled_at_the_end == [[1]]
+    assert tail.token_ids == [2]
+
+
+def test_a_batch_that_cannot_be_sent_fails_the_call_and_lets_the_engine_go():
+    let_go = []
+
+    def unsendable(batch):
+        raise ValueError("cannot encode")
+
+    async def engine():
+        try:
+            for i in range(100):
+                yield EngineOutput([i])
+        finally:
+            let_go.append(True)
+
+    with pytest.raises(ValueError):
+        asyncio.run(coalesce(engine(), unsendable, 10, 100))
+    assert let_go == [True]
