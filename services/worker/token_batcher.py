@@ -87,7 +87,7 @@ async def coalesce(
             failure = coalescer.failure
             task = asyncio.current_task()
             # Cancelled by a batch that failed, and by nothing else: that failure is the outcome.
-            if failure is not None and task is not None and task.uncancel() == 0:
+            if failure is not None and coalescer.cancelled_reader and task is not None and task.uncancel() == 0:
                 raise failure from None
             raise
         except Exception:
@@ -124,8 +124,10 @@ class _Coalescer:
         self._last_flush = time.monotonic()
         self._flushed_tokens = 0
         self._closed = False
-        # The task reading the engine: a batch that fails while it waits there cancels the wait.
+        # The task reading the engine: a batch that fails while it waits there cancels the
+        # wait (``cancelled_reader``), which ``coalesce`` tells from any other cancel.
         self._reader = asyncio.current_task()
+        self.cancelled_reader = False
         self._timer = WakeTimer(self._consider)
         self._consider()
 
@@ -203,4 +205,5 @@ class _Coalescer:
             return  # the reader is not waiting on the engine: it hears of it where it is
         self.close()
         if self._reader is not None and asyncio.current_task() is not self._reader:
+            self.cancelled_reader = True
             self._reader.cancel()
