@@ -26,7 +26,7 @@ from steno.schemas.bus import GenerationEnded, SamplingParams, TokenBatch
 from steno.schemas.ids import new_response_id
 from steno.schemas.responses import ParseContext
 from steno.services.api.response_plan import plan_response
-from steno.services.common.runtime import freeze_startup_heap
+from steno.services.common.runtime import tune_garbage_collector
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.edge import EventStreamResponse, frame
 from steno.services.parser.response_state import ResponseState
@@ -36,7 +36,7 @@ from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 def create_app(timing: SimulatorTiming, answer_tokens: int = 0, record_emissions: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        freeze_startup_heap()  # as Steno's services do
+        tune_garbage_collector()  # as Steno's services do
         yield
 
     app = FastAPI(lifespan=lifespan)

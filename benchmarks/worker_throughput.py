@@ -18,7 +18,7 @@ process, so no other service competes for its core): N streams of ``--steady-tok
 tokens at ``--steady-rate`` tokens/s each on the simulator's step clock, this process's
 CPU per 1,000 tokens (the worker's, and the little its requests' publishing and the
 watching of their ends take), each of ``--steady-runs`` runs in a namespace of its own,
-on the worker service's event loop (uvloop) with the start-up heap frozen, as it runs.
+on the worker service's event loop (uvloop) with its garbage collector tuned, as it runs.
 
 NATS: STENO_NATS_URL, else nats://127.0.0.1:4222. Everything lives in a namespace of its
 own, deleted at the end. Bounded in time: each phase has a deadline (--phase-timeout).
@@ -51,7 +51,7 @@ from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest, SamplingParams, TokenBatch, end_of, token_partition_message, unpacked
 from steno.services.common import bus
 from steno.services.common.config import Settings
-from steno.services.common.runtime import event_loop_factory, freeze_startup_heap
+from steno.services.common.runtime import event_loop_factory, tune_garbage_collector
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.worker.worker import GenerationWorker
@@ -269,22 +269,22 @@ class SteadyResult:
 
 
 async def steady(nats_url: str, streams: int, tokens: int, rate: float, batch_interval_s: float,
-                 timeout_s: float, freeze_heap: bool = False) -> SteadyResult:
+                 timeout_s: float, tune_collector: bool = False) -> SteadyResult:
     """One run of ``streams`` long streams through a worker in this process; the tokens and
     ends counted are read back from the TOKENS stream after the clock stops. With
-    ``freeze_heap``, what is alive once the worker is set up leaves the collector's sight,
-    as in the worker service."""
+    ``tune_collector``, the garbage collector is tuned once the worker is set up, as in the
+    worker service."""
     from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 
     result = SteadyResult(streams, tokens, rate)
     engine = SimulatorEngine(dialect_named(DEFAULT_DIALECT), SimulatorTiming(tokens_per_s=rate), answer_tokens=tokens)
     async with running_worker(nats_url, engine, streams, batch_interval_s) as (names, nc):
-        await _steady_round(nc, names, result, timeout_s, freeze_heap)
+        await _steady_round(nc, names, result, timeout_s, tune_collector)
     return result
 
 
 async def _steady_round(nc: Client, names: bus.Names, result: SteadyResult, timeout_s: float,
-                        freeze_heap: bool) -> None:
+                        tune_collector: bool) -> None:
     js = nc.jetstream()
     streams = result.streams
     ended = 0
@@ -309,8 +309,8 @@ async def _steady_round(nc: Client, names: bus.Names, result: SteadyResult, time
         ended = 0
         all_ended.clear()
         await asyncio.sleep(0.5)
-        if freeze_heap:
-            freeze_startup_heap()
+        if tune_collector:
+            tune_garbage_collector()
         first_seq = (await js.stream_info(names.tokens_stream)).state.last_seq + 1
         cpu_before, started = time.process_time(), time.perf_counter()
         await publish_requests(js, names, measured)
@@ -392,7 +392,7 @@ async def main(args) -> None:
 
     if args.steady_streams:
         print_steady([await steady(args.nats_url, args.steady_streams, args.steady_tokens, args.steady_rate,
-                                   args.steady_batch_interval_ms / 1000, args.phase_timeout, freeze_heap=True)
+                                   args.steady_batch_interval_ms / 1000, args.phase_timeout, tune_collector=True)
                       for _ in range(args.steady_runs)])
         return
     results: list[Result] = []

@@ -54,7 +54,7 @@ from steno.services.common.health import (
 )
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.reasoning_keys import ReasoningKeys
-from steno.services.common.runtime import freeze_startup_heap
+from steno.services.common.runtime import tune_garbage_collector
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.edge import EventReader, ResponseTail
 
@@ -189,7 +189,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         api = await Api.open(settings)
         app.state.api = api
-        freeze_startup_heap()
+        tune_garbage_collector()
         try:
             yield
         finally:

@@ -16,7 +16,7 @@ from steno.services.common.config import WorkerSettings
 from steno.services.common.health import Readiness, consumers_bound, flag, nats_connected
 from steno.services.common.logs import configure_logging
 from steno.services.common.probe_server import serve_probes
-from steno.services.common.runtime import freeze_startup_heap, instance_id, run_until_signalled
+from steno.services.common.runtime import instance_id, run_until_signalled, tune_garbage_collector
 from steno.services.common.tracing import configure_tracing
 from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.files import (
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> None:
         # vLLM and torch are imported only now, after the start-up freeze: they leave
         # hundreds of thousands of objects to the collector, and a full collection over
         # them stalls every stream here (docs/performance.md).
-        freeze_startup_heap()
+        tune_garbage_collector()
         nc = await bus.connect(settings, f"steno-worker-{args.model}")
         names = bus.Names.from_settings(settings)
         worker = GenerationWorker(
