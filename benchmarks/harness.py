@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import secrets
@@ -38,8 +39,8 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,24 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """This process's cyclic garbage collector off while streams are measured, as
+    ``timeit`` turns it off while it times. This process is the load generator and
+    stamps each delta's arrival; a full collection over what a level has recorded paused
+    it for about a tenth of a second at a time, and every delta that arrived meanwhile
+    was stamped late, on both sides (docs/performance.md). What the collector would have
+    freed meanwhile is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.collect()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -279,9 +298,10 @@ class Bench:
                 for block in range(0, rounds, ROUNDS_PER_BLOCK):
                     for name, side in clients.items():
                         started = time.process_time()
-                        for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
-                            samples[name] += await asyncio.gather(*(one_stream(side[i % len(side)], f"ttfe {i}")
-                                                                    for i in range(level)))
+                        with collector_paused():
+                            for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
+                                samples[name] += await asyncio.gather(
+                                    *(one_stream(side[i % len(side)], f"ttfe {i}") for i in range(level)))
                         client_cpu[name] += time.process_time() - started
                 after = self.cpu_by_process()
             # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
@@ -318,9 +338,10 @@ class Bench:
                 while time.perf_counter() < deadline:
                     samples.append(await one_stream(clients[i % len(clients)], f"{i} {LONG_INPUT}"))
 
-            started = time.perf_counter()
-            await asyncio.gather(*(loop(i) for i in range(level)))
-            elapsed = time.perf_counter() - started
+            with collector_paused():
+                started = time.perf_counter()
+                await asyncio.gather(*(loop(i) for i in range(level)))
+                elapsed = time.perf_counter() - started
         latency = [s["total_s"] * 1000 for s in samples if "error" not in s]
         return {"requests": len(samples), "errors": sum("error" in s for s in samples),
                 "tokens_per_s": sum(s["tokens"] for s in samples) / elapsed,

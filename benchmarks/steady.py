@@ -50,7 +50,7 @@ import httpx
 import orjson
 from nats.aio.msg import Msg
 
-from steno.benchmarks.harness import Bench, cpu_seconds, group_cpu_seconds, pct
+from steno.benchmarks.harness import Bench, collector_paused, cpu_seconds, group_cpu_seconds, pct
 from steno.benchmarks.sse_client import HttpError, SseClient
 from steno.infra.embedded import free_port
 from steno.schemas.bus import TokenBatch, token_partition_message, unpacked
@@ -267,7 +267,8 @@ async def _streams(url: str, level: int, timeout_s: float) -> tuple[list[Reply],
         return delta_frames(reply.frames, wall_offset)
 
     async with SseClient(url, connections=level) as client:
-        replies = await asyncio.gather(*(one(client, i) for i in range(level)))
+        with collector_paused():
+            replies = await asyncio.gather(*(one(client, i) for i in range(level)))
     return [reply for reply in replies if reply is not None], dict(failures), max(durations, default=float("nan"))
 
 
