@@ -65,6 +65,7 @@ from steno.services.common.metrics import consumer_states
 from steno.services.common.migrate import database_url_named, drop_database, ensure_database, upgrade
 from steno.services.common.model_files import publish_model_files
 from steno.services.common.nats_options import SECURITY_VARIABLES
+from steno.services.common.runtime import event_loop_factory
 from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, Dialect, chat_template_dialect, dialect_named
 from steno.services.dialects.chat_template.families import FAMILIES
 from steno.services.dialects.chat_template.files import files_for_family
@@ -793,7 +794,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> None:
-    results = asyncio.run(run(args))
+    # The load generator shares the cores with what it measures: on the services' event
+    # loop it spends less of them per delta (docs/performance.md).
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        results = runner.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     drawn = chart(results, args.out / "chart.png")
