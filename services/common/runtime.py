@@ -22,7 +22,7 @@ def instance_id() -> str:
 # step's batches, a commit's rows, a burst's requests), so at the default the count
 # crossed the threshold over and over, each collection walked and promoted what was
 # merely in flight, and those promotions brought on full collections
-# (docs/performance.md has what the collections cost at each threshold).
+# (docs/performance.md has what the collections cost before and after).
 YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
