@@ -106,9 +106,10 @@ def content_marks(splitter: CompletionSplitter, emissions: Sequence[Emission]) -
 
 
 def added_latencies_ms(emissions: Sequence[Emission], marks: Sequence[int],
-                       deltas: Sequence[tuple[float, str]]) -> tuple[list[float], int]:
+                       deltas: Sequence[tuple[float, str]]) -> tuple[list[tuple[float, float]], int]:
     """Each delta's arrival (wall clock, with its text) against the emission of the batch
-    that produced it; also how many deltas went beyond every batch's content (unmatched)."""
+    that produced it, as (that emission, milliseconds added); also how many deltas went
+    beyond every batch's content (unmatched)."""
     latencies, seen, unmatched = [], 0, 0
     for arrived, text in deltas:
         seen += len(text)
@@ -116,8 +117,20 @@ def added_latencies_ms(emissions: Sequence[Emission], marks: Sequence[int],
         if batch == len(marks):
             unmatched += 1
         else:
-            latencies.append((arrived - emissions[batch].at) * 1000)
+            emitted = emissions[batch].at
+            latencies.append((emitted, (arrived - emitted) * 1000))
     return latencies, unmatched
+
+
+def all_running(emissions: dict[str, list[Emission]]) -> tuple[float, float] | None:
+    """From the last stream's first emission to the first stream's last: the span in
+    which every stream of the level was running, away from the starts and the ends that
+    bunch at its edges (its streams start within ``START_SPREAD_S`` and end as close)."""
+    spans = [(batches[0].at, batches[-1].at) for batches in emissions.values() if batches]
+    if not spans:
+        return None
+    start, end = max(first for first, _ in spans), min(last for _, last in spans)
+    return (start, end) if start < end else None
 
 
 def stage_latencies_ms(emissions: Sequence[Emission], marks: Sequence[int], announced: Announcements,
@@ -276,7 +289,7 @@ def _side_result(replies: list[Reply], emissions: dict[str, list[Emission]],
                  errors: dict[str, int], slowest_s: float, cpu: dict[str, float],
                  announcements: dict[str, Announcements] | None = None) -> dict[str, Any]:
     dialect = dialect_named(DEFAULT_DIALECT)
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     stages: dict[str, list[float]] = {}
     unmatched = deltas = 0
     for response_id, response_deltas in replies:
@@ -291,9 +304,13 @@ def _side_result(replies: list[Reply], emissions: dict[str, list[Emission]],
             for stage, values in stage_latencies_ms(batches, marks, announced, response_deltas).items():
                 stages.setdefault(stage, []).extend(values)
     tokens = sum(len(e.token_ids) for batches in emissions.values() for e in batches)
+    window = all_running({response_id: emissions.get(response_id, []) for response_id, _ in replies})
+    start, end = window or (0.0, -1.0)
     return {"streams": len(replies), "errors": errors, "deltas": deltas, "unmatched_deltas": unmatched,
             "tokens": tokens, "slowest_stream_s": round(slowest_s, 2),
-            "added_ms": summary_ms(latencies),
+            "added_ms": summary_ms([added for _, added in latencies]),
+            "all_running_s": round(max(end - start, 0.0), 2),
+            "added_ms_all_running": summary_ms([added for emitted, added in latencies if start <= emitted <= end]),
             **({"stages_ms": {stage: summary_ms(values) for stage, values in stages.items()}} if stages else {}),
             "cpu_s_per_1k_tokens": {name: round(used * 1000 / max(tokens, 1), 4)
                                     for name, used in cpu.items() if used > 0}}
@@ -347,9 +364,11 @@ async def _baseline_level(url: str, pid: int, level: int, timeout_s: float) -> d
 
 
 def _line(name: str, level: int, side: dict[str, Any]) -> str:
-    added = side["added_ms"]
+    added, running = side["added_ms"], side["added_ms_all_running"]
     return (f"steady {level:>5} streams {name:>8}: added per delta p50 {added['p50']:.1f} ms p99 {added['p99']:.1f} ms "
-            f"max {added['max']:.1f} ms | {side['deltas']} deltas ({side['unmatched_deltas']} unmatched), "
+            f"max {added['max']:.1f} ms (while all {level} ran, {side['all_running_s']} s: "
+            f"p50 {running['p50']:.1f} ms p99 {running['p99']:.1f} ms) | "
+            f"{side['deltas']} deltas ({side['unmatched_deltas']} unmatched), "
             f"{side['tokens']} tokens, {side['streams']} completed, failed {side['errors']}, "
             f"slowest stream {side['slowest_stream_s']} s | "
             f"CPU s per 1k tokens {side['cpu_s_per_1k_tokens']}"

@@ -9,6 +9,7 @@ from steno.benchmarks.steady import (
     BatchFollower,
     Emission,
     added_latencies_ms,
+    all_running,
     content_marks,
     delta_frames,
     largest_held,
@@ -58,13 +59,27 @@ def test_each_delta_is_measured_against_the_batch_that_produced_it(batch_sizes):
     marks = content_marks(dialect_named(DEFAULT_DIALECT).splitter(ParseContext()), emissions)
     latencies, unmatched = added_latencies_ms(emissions, marks, arrivals)
     assert unmatched == 0
-    assert latencies == pytest.approx([250 + batch_no for batch_no, _ in deltas])
+    assert [emitted for emitted, _ in latencies] == [float(batch_no) for batch_no, _ in deltas]
+    assert [added for _, added in latencies] == pytest.approx([250 + batch_no for batch_no, _ in deltas])
 
 
 def test_content_beyond_every_batch_is_counted_unmatched():
     emissions = [Emission(0.0, [1])]
     latencies, unmatched = added_latencies_ms(emissions, [3], [(0.01, "abc"), (0.02, "d")])
-    assert latencies == pytest.approx([10.0]) and unmatched == 1
+    assert len(latencies) == 1 and latencies[0] == pytest.approx((0.0, 10.0)) and unmatched == 1
+
+
+def test_all_running_spans_the_last_start_to_the_first_end():
+    streams = {"early": [Emission(0.0, [1]), Emission(10.0, [2]), Emission(20.0, [3])],
+               "late": [Emission(0.9, [1]), Emission(20.9, [2])],
+               "silent": []}
+    assert all_running(streams) == (0.9, 20.0)
+
+
+def test_streams_that_never_overlap_were_never_all_running():
+    assert all_running({"first": [Emission(0.0, [1]), Emission(1.0, [2])],
+                        "second": [Emission(2.0, [1]), Emission(3.0, [2])]}) is None
+    assert all_running({}) is None
 
 
 def test_the_summary_gives_p50_p99_and_max():
