@@ -56,6 +56,9 @@ GENERATIONS = Counter("steno_generations_total", "Generation attempts ended, by 
 GENERATED_TOKENS = Counter("steno_generated_tokens_total", "Output tokens published", ["model"])
 PROMPT_TOKENS = Counter("steno_prompt_tokens_total", "Prompt tokens of the generation attempts ended", ["model"])
 IN_FLIGHT = Gauge("steno_worker_in_flight", "Generations running on this worker", ["model"])
+BATCH_WINDOW = Gauge("steno_worker_batch_window_seconds",
+                     "The worker's token batch coalescing window: its base interval, or twice that"
+                     " while most batches wait for it", ["model"])
 FREE_SLOTS = Gauge("steno_worker_free_slots", "Generations this worker may still take on", ["model"])
 WORK_REDELIVERED = Counter("steno_work_redelivered_total",
                            "Generation requests taken up again after an earlier delivery (a worker died or gave "

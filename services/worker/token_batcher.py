@@ -54,12 +54,63 @@ EAGER_TOKENS = 32
 # about that rate) would otherwise wait out the interval's last moments, a step's jitter
 # deciding, for no fewer messages.
 QUIET_SHARE = 0.75
+# Weight of each batch in a worker's running share of batches that waited: about a
+# second of a few hundred streams' batches (they all speak on the same engine step, so a
+# shorter run sees only where that step falls against the stores).
+SMOOTHING = 1 / 8192
+# The window widens once this share of batches waited for it (about half do at 128
+# steady streams on the development machine, nearly all at 256) ...
+WIDEN_AT_WAITING = 0.8
+# ... and stays wide this long; then the base interval is tried again, the share
+# starting from here.
+WIDE_HOLD_S = 5.0
+RETRY_SHARE = 0.6
+
+
+class CoalescingWindow:
+    """A worker's coalescing window, shared by its streams: ``interval_s`` while a
+    stream speaking about once an interval gets its tokens out at once; twice that once
+    most batches (``WIDEN_AT_WAITING``) wait out the window anyway, the batch before
+    them not yet stored when their first token comes. The wider window carries the
+    next step's token in the same batch: half the messages for NATS, the parser and the
+    API, at about the same latency (docs/performance.md, "Long streams at 256"). Its
+    fewer messages are quicker to store, so whether tokens would wait at the base
+    interval cannot be read while it is wide: after ``WIDE_HOLD_S`` the base interval
+    is tried again, the share counted afresh from ``RETRY_SHARE``."""
+
+    def __init__(self, interval_s: float, adaptive: bool = True) -> None:
+        self.interval_s = interval_s
+        self.quiet_margin_s = interval_s * (1 - QUIET_SHARE)
+        self._adaptive = adaptive
+        self._waiting = 0.0
+        self._wide_until: float | None = None
+
+    @property
+    def widened(self) -> bool:
+        return self._wide_until is not None
+
+    def record(self, waited: bool, now: float) -> None:
+        """A batch sent at ``now`` (monotonic): whether its first token waited longer than
+        the quiet margin for it."""
+        if not self._adaptive:
+            return
+        if self._wide_until is not None:
+            if now >= self._wide_until:
+                self._wide_until, self._waiting = None, RETRY_SHARE
+            return
+        self._waiting += (waited - self._waiting) * SMOOTHING
+        if self._waiting > WIDEN_AT_WAITING:
+            self._wide_until = now + WIDE_HOLD_S
+
+    @property
+    def window_s(self) -> float:
+        return self.interval_s * 2 if self._wide_until is not None else self.interval_s
 
 
 async def coalesce(
     outputs: AsyncIterator[EngineOutput],
     flush: Flush,
-    interval_s: float,
+    interval_s: float | CoalescingWindow,
     max_tokens: int,
     keepalive_s: float | None = None,
     eager_tokens: int = EAGER_TOKENS,
@@ -71,8 +122,10 @@ async def coalesce(
     before it is stored (time to first content is what users feel); after that a batch
     goes ``interval_s`` after the previous one was stored, or at once when the stream
     was quiet for most of that (``QUIET_SHARE``), so a stream costs at most about one
-    message per interval. After ``keepalive_s`` without a flush it flushes an empty
-    batch, which the parser turns into a keepalive event. A batch that is not stored
+    message per interval. Given a worker's ``CoalescingWindow`` instead of a fixed
+    interval, the interval is the window's, and each batch is counted there. After
+    ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
+    into a keepalive event. A batch that is not stored
     fails the call at once, whatever the engine is doing."""
     coalescer = _Coalescer(flush, interval_s, max_tokens, keepalive_s, eager_tokens)
     last: EngineOutput | None = None
@@ -109,10 +162,11 @@ async def coalesce(
 class _Coalescer:
     """One attempt's batching, driven by its outputs, its batches' stores and one timer."""
 
-    def __init__(self, flush: Flush, interval_s: float, max_tokens: int, keepalive_s: float | None,
-                 eager_tokens: int) -> None:
+    def __init__(self, flush: Flush, interval_s: float | CoalescingWindow, max_tokens: int,
+                 keepalive_s: float | None, eager_tokens: int) -> None:
         self._flush = flush
-        self._interval_s = interval_s
+        self._window = (interval_s if isinstance(interval_s, CoalescingWindow)
+                        else CoalescingWindow(interval_s, adaptive=False))
         self._max_tokens = max_tokens
         self._keepalive_s = keepalive_s
         self._eager_tokens = eager_tokens
@@ -121,7 +175,7 @@ class _Coalescer:
         self._in_flight: asyncio.Future[None] | None = None
         # Resolved once the batch in flight has been handled (``_stored``), for ``settle``.
         self._handled: asyncio.Future[None] | None = None
-        self._last_flush = time.monotonic()
+        self._last_flush = self._pending_since = time.monotonic()
         self._flushed_tokens = 0
         self._closed = False
         # The task reading the engine: a batch that fails while it waits there cancels the
@@ -134,6 +188,8 @@ class _Coalescer:
     def add(self, output: EngineOutput, emitted_at: float) -> None:
         """Adds the output to the pending batch; the one that finishes stays there, to go
         out with the attempt's end."""
+        if not self.pending.token_ids:
+            self._pending_since = time.monotonic()
         self.pending.add(output, emitted_at)
         if output.finish_reason is not None:
             self.close()
@@ -163,9 +219,10 @@ class _Coalescer:
         now = time.monotonic()
         tokens = len(self.pending.token_ids)
         if tokens:
-            due = self._last_flush + self._interval_s
+            interval_s = self._window.window_s
+            due = self._last_flush + interval_s
             if (now >= due or tokens >= self._max_tokens or self._flushed_tokens < self._eager_tokens
-                    or now >= self._last_flush + QUIET_SHARE * self._interval_s):
+                    or now >= self._last_flush + QUIET_SHARE * interval_s):
                 self._send()
             else:
                 self._timer.at(due)
@@ -185,6 +242,9 @@ class _Coalescer:
             self._fail(exc)
             return
         self._in_flight = stored
+        if batch.token_ids:
+            now = time.monotonic()
+            self._window.record(now - self._pending_since > self._window.quiet_margin_s, now)
         stored.add_done_callback(self._stored)
 
     def _stored(self, stored: asyncio.Future[None]) -> None:

@@ -60,6 +60,7 @@ from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import (
+    BATCH_WINDOW,
     FREE_SLOTS,
     GENERATED_TOKENS,
     GENERATIONS,
@@ -73,7 +74,7 @@ from steno.services.common.tracing import context_headers, message_headers, tena
 from steno.services.worker.batch_groups import BatchGroups, Carried
 from steno.services.worker.engine import Engine, EngineError
 from steno.services.worker.prior_output import PriorOutput, read_prior_output
-from steno.services.worker.token_batcher import PendingBatch, coalesce
+from steno.services.worker.token_batcher import CoalescingWindow, PendingBatch, coalesce
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,8 @@ class GenerationWorker:
         self._shard_pulls: dict[int, asyncio.Task] = {}
         self._lease_rounds: asyncio.Task | None = None
         self._heartbeats: asyncio.Task | None = None
-        self._batch_interval_s = batch_interval_s
+        # Shared by every stream here: it widens while most of this worker's batches wait for it.
+        self._window = CoalescingWindow(batch_interval_s)
         self._batch_max_tokens = batch_max_tokens
         self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
@@ -150,6 +152,7 @@ class GenerationWorker:
         # Levels read when scraped; the counters' children are bound once, off the token path.
         IN_FLIGHT.labels(model).set_function(lambda: len(self._tasks))
         FREE_SLOTS.labels(model).set_function(lambda: max(0, self._credits.count))
+        BATCH_WINDOW.labels(model).set_function(lambda: self._window.window_s)
         self._tokens_published = GENERATED_TOKENS.labels(model)
 
     async def run(self) -> None:
@@ -459,7 +462,7 @@ class GenerationWorker:
             try:
                 outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
                 last, tail = await coalesce(
-                    outputs, publish_batch, self._batch_interval_s, self._batch_max_tokens, self._keepalive_s
+                    outputs, publish_batch, self._window, self._batch_max_tokens, self._keepalive_s
                 )
             except EngineError as exc:
                 error = exc

@@ -122,6 +122,7 @@ def test_metrics_follow_a_scripted_request_mix(settings: ApiSettings, tmp_path: 
         assert value(at_worker, "steno_work_redelivered_total", model=MODEL) == 0
         assert value(at_worker, "steno_worker_in_flight", model=MODEL) == 0
         assert value(at_worker, "steno_worker_free_slots", model=MODEL) == 64
+        assert value(at_worker, "steno_worker_batch_window_seconds", model=MODEL) == 0.02  # a few streams: the base
         assert value(at_slow, "steno_generations_total", model=SLOW, finish_reason="cancelled") == 1
 
         assert value(at_parser, "steno_events_total", model=MODEL) == _events_after_created(stack.settings, ids)

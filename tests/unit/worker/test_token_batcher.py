@@ -4,7 +4,7 @@ import time
 import pytest
 
 from steno.services.worker.engine import EngineError, EngineOutput
-from steno.services.worker.token_batcher import coalesce
+from steno.services.worker.token_batcher import WIDE_HOLD_S, CoalescingWindow, coalesce
 
 
 def started(store):
@@ -299,3 +299,69 @@ def test_a_batch_that_cannot_be_sent_fails_the_call_and_lets_the_engine_go():
     with pytest.raises(ValueError):
         asyncio.run(coalesce(engine(), unsendable, 10, 100))
     assert let_go == [True]
+
+
+def waits(window: CoalescingWindow, count: int, waited: bool, now: float = 0.0) -> None:
+    for _ in range(count):
+        window.record(waited, now)
+
+
+def test_a_workers_window_widens_once_nearly_every_batch_waited_for_it():
+    window = CoalescingWindow(0.02)
+    waits(window, 50_000, waited=False)
+    waits(window, 4_000, waited=True)  # a burst: the running share moves only part of the way
+    assert window.window_s == 0.02 and not window.widened
+    waits(window, 20_000, waited=True)
+    assert window.widened and window.window_s == pytest.approx(0.04)
+
+
+def test_half_the_batches_waiting_keeps_the_base_interval():
+    window = CoalescingWindow(0.02)
+    for _ in range(50_000):
+        window.record(True, 0.0)
+        window.record(False, 0.0)
+    assert window.window_s == 0.02
+
+
+def test_a_wide_window_holds_then_tries_the_base_interval_again():
+    window = CoalescingWindow(0.02)
+    waits(window, 30_000, waited=True)
+    assert window.widened
+    waits(window, 1_000, waited=False, now=WIDE_HOLD_S / 2)  # what it sees while wide says nothing
+    assert window.widened
+    window.record(False, WIDE_HOLD_S + 0.001)
+    assert not window.widened
+    # Where the batches still wait, it widens again sooner than from nothing ...
+    waits(window, 8_000, waited=True, now=WIDE_HOLD_S + 0.002)
+    assert window.widened
+    # ... and where they go at once it stays at the base interval.
+    window.record(False, 3 * WIDE_HOLD_S)
+    waits(window, 50_000, waited=False, now=3 * WIDE_HOLD_S)
+    assert window.window_s == 0.02
+
+
+def test_a_fixed_interval_never_widens():
+    window = CoalescingWindow(0.02, adaptive=False)
+    waits(window, 50_000, waited=True)
+    assert window.window_s == 0.02
+
+
+def test_a_widened_window_gathers_the_next_steps_token_into_the_batch():
+    """Tokens every 0.16 s: at the base interval (0.2 s) each goes alone (quiet for 3/4 of
+    it); once the worker's window is wide (0.4 s) they go two by two."""
+    window = CoalescingWindow(0.2)
+    waits(window, 30_000, waited=True, now=time.monotonic())
+    assert window.widened
+    flushed: list[list[int]] = []
+
+    async def steps():
+        for i in range(5):
+            yield EngineOutput([i])
+            await asyncio.sleep(0.16)
+        yield EngineOutput([], finish_reason="stop")
+
+    async def flush(batch):
+        flushed.append(list(batch.token_ids))
+
+    asyncio.run(coalesce(steps(), started(flush), window, 100, eager_tokens=1))
+    assert flushed[:3] == [[0], [1, 2], [3, 4]]
