@@ -58,8 +58,8 @@ QUIET_SHARE = 0.75
 # second of a few hundred streams' batches (they all speak on the same engine step, so a
 # shorter run sees only where that step falls against the stores).
 SMOOTHING = 1 / 8192
-# The window widens once this share of batches waited for it (about half do at 128
-# steady streams on the development machine, nearly all at 256) ...
+# The window widens once this share of batches waited for it (docs/performance.md has
+# the shares measured at several stream counts) ...
 WIDEN_AT_WAITING = 0.8
 # ... and stays wide this long; then the base interval is tried again, the share
 # starting from here.
