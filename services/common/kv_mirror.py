@@ -23,6 +23,9 @@ from steno.services.common.bus import patiently
 log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
+# The watcher's end-of-keys marker can come before keys the server has already sent; the
+# start waits for the newest key it found, at most this long (it may lapse meanwhile).
+CATCH_UP_S = 5.0
 
 OnPut = Callable[[str, bytes], Awaitable[None]]
 OnForget = Callable[[str], None]
@@ -121,6 +124,9 @@ class KvMirror:
         come again, with what changed meanwhile."""
         nc = self._kv._js._nc
         reconnects = nc.stats["reconnects"]
+        # The bucket's newest message now: the copy holds the keys once it has come too.
+        state = (await self._kv._js.stream_info(self._kv._stream)).state
+        newest = state.last_seq if state.messages else 0
         watcher = await self._kv.watchall()
 
         async def stop_on_reconnect() -> None:
@@ -130,15 +136,27 @@ class KvMirror:
 
         guard = asyncio.create_task(stop_on_reconnect())
         initial = True
+        caught_up, marked = newest == 0, False
+
+        def load() -> None:
+            if not loaded.done():
+                loaded.set_result(None)
+
         try:
             async for entry in watcher:
-                if entry is None:  # the current keys are all in
-                    initial = False
-                    if not loaded.done():
-                        loaded.set_result(None)
-                    continue
-                # Keys already there when the watch starts are as old as the bucket says.
-                await self._apply(entry.key, entry.value, entry.operation, _age_s(entry.created) if initial else 0.0)
+                if entry is None:  # the current keys are all sent
+                    marked = True
+                else:
+                    # Keys already there when the watch starts are as old as the bucket says.
+                    await self._apply(entry.key, entry.value, entry.operation,
+                                      _age_s(entry.created) if initial else 0.0)
+                    caught_up = caught_up or entry.revision >= newest
+                if initial and marked:
+                    if caught_up:
+                        initial = False
+                        load()
+                    elif entry is None:
+                        asyncio.get_running_loop().call_later(CATCH_UP_S, load)
         finally:
             guard.cancel()
             with suppress(Exception):
