@@ -305,12 +305,12 @@ def _side_result(replies: list[Reply], emissions: dict[str, list[Emission]],
                 stages.setdefault(stage, []).extend(values)
     tokens = sum(len(e.token_ids) for batches in emissions.values() for e in batches)
     window = all_running({response_id: emissions.get(response_id, []) for response_id, _ in replies})
-    start, end = window or (0.0, -1.0)
+    running = [added for emitted, added in latencies if window and window[0] <= emitted <= window[1]]
     return {"streams": len(replies), "errors": errors, "deltas": deltas, "unmatched_deltas": unmatched,
             "tokens": tokens, "slowest_stream_s": round(slowest_s, 2),
             "added_ms": summary_ms([added for _, added in latencies]),
-            "all_running_s": round(max(end - start, 0.0), 2),
-            "added_ms_all_running": summary_ms([added for emitted, added in latencies if start <= emitted <= end]),
+            "all_running_s": round(window[1] - window[0], 2) if window else 0.0,
+            "added_ms_all_running": summary_ms(running),
             **({"stages_ms": {stage: summary_ms(values) for stage, values in stages.items()}} if stages else {}),
             "cpu_s_per_1k_tokens": {name: round(used * 1000 / max(tokens, 1), 4)
                                     for name, used in cpu.items() if used > 0}}

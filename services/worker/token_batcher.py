@@ -175,7 +175,7 @@ class _Coalescer:
         self._in_flight: asyncio.Future[None] | None = None
         # Resolved once the batch in flight has been handled (``_stored``), for ``settle``.
         self._handled: asyncio.Future[None] | None = None
-        self._last_flush = self._pending_since = time.monotonic()
+        self._last_flush = time.monotonic()
         self._flushed_tokens = 0
         self._closed = False
         # The task reading the engine: a batch that fails while it waits there cancels the
@@ -188,8 +188,6 @@ class _Coalescer:
     def add(self, output: EngineOutput, emitted_at: float) -> None:
         """Adds the output to the pending batch; the one that finishes stays there, to go
         out with the attempt's end."""
-        if not self.pending.token_ids:
-            self._pending_since = time.monotonic()
         self.pending.add(output, emitted_at)
         if output.finish_reason is not None:
             self.close()
@@ -223,17 +221,17 @@ class _Coalescer:
             due = self._last_flush + interval_s
             if (now >= due or tokens >= self._max_tokens or self._flushed_tokens < self._eager_tokens
                     or now >= self._last_flush + QUIET_SHARE * interval_s):
-                self._send()
+                self._send(now)
             else:
                 self._timer.at(due)
         elif self._keepalive_s is not None:
             due = self._last_flush + self._keepalive_s
             if now >= due:
-                self._send()
+                self._send(now)
             else:
                 self._timer.at(due)
 
-    def _send(self) -> None:
+    def _send(self, now: float) -> None:
         batch, self.pending = self.pending, PendingBatch()
         self._flushed_tokens += len(batch.token_ids)
         try:
@@ -242,9 +240,8 @@ class _Coalescer:
             self._fail(exc)
             return
         self._in_flight = stored
-        if batch.token_ids:
-            now = time.monotonic()
-            self._window.record(now - self._pending_since > self._window.quiet_margin_s, now)
+        if batch.first_emitted_at is not None:  # when its first token came (``coalesce`` stamps it so)
+            self._window.record(time.time() - batch.first_emitted_at > self._window.quiet_margin_s, now)
         stored.add_done_callback(self._stored)
 
     def _stored(self, stored: asyncio.Future[None]) -> None:
