@@ -1,6 +1,12 @@
 """Coalesces engine outputs into token batches: the first tokens as they come, then at
 most one batch per interval (or per N tokens), one batch in flight at a time.
 
+The interval counts from the previous batch's sending, so a stream whose engine steps
+about once an interval sends each step's token as it comes, every stream on the same
+step, and a worker's batches of one step go out together (``batch_groups.py``). Once the
+stores fall behind the steps, the worker's window widens and counts from each store
+instead, which makes batches grow with the pipeline's backlog (``CoalescingWindow``).
+
 The task that reads the engine coalesces as it reads, and nothing waits in a task for a
 batch's store: the batch's future calls back once it is stored, and the next batch goes
 from there, or from a timer at the interval's end. A token then wakes the worker once
@@ -54,52 +60,60 @@ EAGER_TOKENS = 32
 # about that rate) would otherwise wait out the interval's last moments, a step's jitter
 # deciding, for no fewer messages.
 QUIET_SHARE = 0.75
-# Weight of each batch in a worker's running share of batches that waited: about a
-# second of a few hundred streams' batches (they all speak on the same engine step, so a
-# shorter run sees only where that step falls against the stores).
+# Weight of each batch in a worker's running share of batches held up by a store: about
+# a second of a few hundred streams' batches (they all speak on the same engine step, so
+# a shorter run sees only where that step falls against the stores).
 SMOOTHING = 1 / 8192
-# The window widens once this share of batches waited for it (docs/performance.md has
-# the shares measured at several stream counts) ...
-WIDEN_AT_WAITING = 0.8
+# The window widens once this share of batches found the batch before them still being
+# stored when their first token came (docs/performance.md has the shares measured at
+# several stream counts) ...
+WIDEN_AT_HELD = 0.25
 # ... and stays wide this long; then the base interval is tried again, the share
 # starting from here.
 WIDE_HOLD_S = 5.0
-RETRY_SHARE = 0.6
+RETRY_SHARE = 0.2
 
 
 class CoalescingWindow:
-    """A worker's coalescing window, shared by its streams: ``interval_s`` while a
-    stream speaking about once an interval gets its tokens out at once; twice that once
-    most batches (``WIDEN_AT_WAITING``) wait out the window anyway, the batch before
-    them not yet stored when their first token comes. The wider window carries the
-    next step's token in the same batch: half the messages for NATS, the parser and the
-    API, at about the same latency (docs/performance.md, "Long streams at 256"). Its
-    fewer messages are quicker to store, so whether tokens would wait at the base
-    interval cannot be read while it is wide: after ``WIDE_HOLD_S`` the base interval
-    is tried again, the share counted afresh from ``RETRY_SHARE``."""
+    """A worker's coalescing window, shared by its streams: ``interval_s`` counted from
+    each batch's sending while the stores keep up with the engine's steps, so that a
+    stream speaking about once an interval gets every token out as it comes, on the step
+    it came on; twice that, counted from each batch's store, once many batches
+    (``WIDEN_AT_HELD``) find the batch before them still being stored when their first
+    token comes. Sent as they come while the stores lag, each token would go alone and
+    the stores would lag further; the wider window carries the next steps' tokens in the
+    same batch, and more of them the longer the stores take (docs/performance.md, "The
+    window paced by the steps"). Its fewer messages are quicker to store, so whether
+    batches would be held up at the base interval cannot be read while it is wide: after
+    ``WIDE_HOLD_S`` the base interval is tried again, the share counted afresh from
+    ``RETRY_SHARE``."""
 
     def __init__(self, interval_s: float, adaptive: bool = True) -> None:
         self.interval_s = interval_s
-        self.quiet_margin_s = interval_s * (1 - QUIET_SHARE)
         self._adaptive = adaptive
-        self._waiting = 0.0
+        self._held = 0.0
         self._wide_until: float | None = None
 
     @property
     def widened(self) -> bool:
         return self._wide_until is not None
 
-    def record(self, waited: bool, now: float) -> None:
-        """A batch sent at ``now`` (monotonic): whether its first token waited longer than
-        the quiet margin for it."""
+    @property
+    def held_share(self) -> float:
+        """The running share of batches held up by the store of the batch before them."""
+        return self._held
+
+    def record(self, held: bool, now: float) -> None:
+        """A batch sent at ``now`` (monotonic): whether its first token came while the
+        batch before it was being stored."""
         if not self._adaptive:
             return
         if self._wide_until is not None:
             if now >= self._wide_until:
-                self._wide_until, self._waiting = None, RETRY_SHARE
+                self._wide_until, self._held = None, RETRY_SHARE
             return
-        self._waiting += (waited - self._waiting) * SMOOTHING
-        if self._waiting > WIDEN_AT_WAITING:
+        self._held += (held - self._held) * SMOOTHING
+        if self._held > WIDEN_AT_HELD:
             self._wide_until = now + WIDE_HOLD_S
 
     @property
@@ -120,10 +134,12 @@ async def coalesce(
     last batch, which goes out with the attempt's end, once every batch before it is
     stored. Until ``eager_tokens`` tokens are out every output goes as soon as the batch
     before it is stored (time to first content is what users feel); after that a batch
-    goes ``interval_s`` after the previous one was stored, or at once when the stream
-    was quiet for most of that (``QUIET_SHARE``), so a stream costs at most about one
-    message per interval. Given a worker's ``CoalescingWindow`` instead of a fixed
-    interval, the interval is the window's, and each batch is counted there. After
+    goes ``interval_s`` after the previous one was sent, and not before that one is
+    stored, or at once when the stream was quiet for most of the interval
+    (``QUIET_SHARE``), so a stream costs at most about one message per interval. Given a
+    worker's ``CoalescingWindow`` instead of a fixed interval, the interval is the
+    window's, counted from the previous batch's store while it is wide, and each batch
+    after the eager ones is counted there. After
     ``keepalive_s`` without a flush it flushes an empty batch, which the parser turns
     into a keepalive event. A batch that is not stored
     fails the call at once, whatever the engine is doing."""
@@ -175,7 +191,11 @@ class _Coalescer:
         self._in_flight: asyncio.Future[None] | None = None
         # Resolved once the batch in flight has been handled (``_stored``), for ``settle``.
         self._handled: asyncio.Future[None] | None = None
-        self._last_flush = time.monotonic()
+        # When the batch before was sent and when it was stored (monotonic): the base
+        # interval counts from the first, a wide window and the keepalive from the second.
+        self._last_sent = self._last_stored = time.monotonic()
+        # Whether the pending batch's first token came while the batch before it was in flight.
+        self._held = False
         self._flushed_tokens = 0
         self._closed = False
         # The task reading the engine: a batch that fails while it waits there cancels the
@@ -188,6 +208,8 @@ class _Coalescer:
     def add(self, output: EngineOutput, emitted_at: float) -> None:
         """Adds the output to the pending batch; the one that finishes stays there, to go
         out with the attempt's end."""
+        if self._in_flight is not None and not self.pending.token_ids:
+            self._held = True
         self.pending.add(output, emitted_at)
         if output.finish_reason is not None:
             self.close()
@@ -218,14 +240,15 @@ class _Coalescer:
         tokens = len(self.pending.token_ids)
         if tokens:
             interval_s = self._window.window_s
-            due = self._last_flush + interval_s
+            since = self._last_stored if self._window.widened else self._last_sent
+            due = since + interval_s
             if (now >= due or tokens >= self._max_tokens or self._flushed_tokens < self._eager_tokens
-                    or now >= self._last_flush + QUIET_SHARE * interval_s):
+                    or now >= since + QUIET_SHARE * interval_s):
                 self._send(now)
             else:
                 self._timer.at(due)
         elif self._keepalive_s is not None:
-            due = self._last_flush + self._keepalive_s
+            due = self._last_stored + self._keepalive_s
             if now >= due:
                 self._send(now)
             else:
@@ -233,15 +256,17 @@ class _Coalescer:
 
     def _send(self, now: float) -> None:
         batch, self.pending = self.pending, PendingBatch()
+        held, self._held = self._held, False
+        if batch.token_ids and self._flushed_tokens >= self._eager_tokens:
+            self._window.record(held, now)
         self._flushed_tokens += len(batch.token_ids)
+        self._last_sent = now
         try:
             stored = self._flush(batch)
         except Exception as exc:
             self._fail(exc)
             return
         self._in_flight = stored
-        if batch.first_emitted_at is not None:  # when its first token came (``coalesce`` stamps it so)
-            self._window.record(time.time() - batch.first_emitted_at > self._window.quiet_margin_s, now)
         stored.add_done_callback(self._stored)
 
     def _stored(self, stored: asyncio.Future[None]) -> None:
@@ -250,7 +275,7 @@ class _Coalescer:
         if failure is not None:
             self._fail(failure)
         else:
-            self._last_flush = time.monotonic()
+            self._last_stored = time.monotonic()
             self._consider()
         if self._handled is not None and not self._handled.done():
             self._handled.set_result(None)

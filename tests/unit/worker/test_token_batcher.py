@@ -301,56 +301,97 @@ def test_a_batch_that_cannot_be_sent_fails_the_call_and_lets_the_engine_go():
     assert let_go == [True]
 
 
-def waits(window: CoalescingWindow, count: int, waited: bool, now: float = 0.0) -> None:
+def holds(window: CoalescingWindow, count: int, held: bool, now: float = 0.0) -> None:
     for _ in range(count):
-        window.record(waited, now)
+        window.record(held, now)
 
 
-def test_a_workers_window_widens_once_nearly_every_batch_waited_for_it():
+def test_a_workers_window_widens_once_many_batches_were_held_up_by_a_store():
     window = CoalescingWindow(0.02)
-    waits(window, 50_000, waited=False)
-    waits(window, 4_000, waited=True)  # a burst: the running share moves only part of the way
+    holds(window, 50_000, held=False)
+    holds(window, 1_000, held=True)  # a burst: the running share moves only part of the way
     assert window.window_s == 0.02 and not window.widened
-    waits(window, 20_000, waited=True)
+    holds(window, 20_000, held=True)
     assert window.widened and window.window_s == pytest.approx(0.04)
 
 
-def test_half_the_batches_waiting_keeps_the_base_interval():
+def test_a_tenth_of_the_batches_held_up_keeps_the_base_interval():
     window = CoalescingWindow(0.02)
-    for _ in range(50_000):
+    for _ in range(10_000):
         window.record(True, 0.0)
-        window.record(False, 0.0)
+        holds(window, 9, held=False)
     assert window.window_s == 0.02
+    assert window.held_share == pytest.approx(0.1, abs=0.02)
 
 
 def test_a_wide_window_holds_then_tries_the_base_interval_again():
     window = CoalescingWindow(0.02)
-    waits(window, 30_000, waited=True)
+    holds(window, 30_000, held=True)
     assert window.widened
-    waits(window, 1_000, waited=False, now=WIDE_HOLD_S / 2)  # what it sees while wide says nothing
+    holds(window, 1_000, held=False, now=WIDE_HOLD_S / 2)  # what it sees while wide says nothing
     assert window.widened
     window.record(False, WIDE_HOLD_S + 0.001)
     assert not window.widened
-    # Where the batches still wait, it widens again sooner than from nothing ...
-    waits(window, 8_000, waited=True, now=WIDE_HOLD_S + 0.002)
+    # Where the batches are still held up, it widens again sooner than from nothing ...
+    holds(window, 1_000, held=True, now=WIDE_HOLD_S + 0.002)
     assert window.widened
-    # ... and where they go at once it stays at the base interval.
+    # ... and where they are not it stays at the base interval.
     window.record(False, 3 * WIDE_HOLD_S)
-    waits(window, 50_000, waited=False, now=3 * WIDE_HOLD_S)
+    holds(window, 50_000, held=False, now=3 * WIDE_HOLD_S)
     assert window.window_s == 0.02
 
 
 def test_a_fixed_interval_never_widens():
     window = CoalescingWindow(0.02, adaptive=False)
-    waits(window, 50_000, waited=True)
+    holds(window, 50_000, held=True)
     assert window.window_s == 0.02
+
+
+def stepped(window: CoalescingWindow, step_s: float, store_s: float, steps: int, eager_tokens: int = 1
+            ) -> list[tuple[list[int], float]]:
+    """A stream whose engine makes a token every ``step_s``, each batch taking ``store_s``
+    to store: each batch with how long its first token waited to be sent (the last
+    batch, which goes with the end, with none)."""
+    sent: list[tuple[list[int], float]] = []
+
+    async def engine():
+        for i in range(steps):
+            yield EngineOutput([i])
+            await asyncio.sleep(step_s)
+        yield EngineOutput([], finish_reason="stop")
+
+    async def store(batch):
+        sent.append((list(batch.token_ids), time.time() - batch.first_emitted_at))
+        await asyncio.sleep(store_s)
+
+    _, tail = asyncio.run(coalesce(engine(), started(store), window, 100, eager_tokens=eager_tokens))
+    return sent + ([(list(tail.token_ids), 0.0)] if tail.token_ids else [])
+
+
+def test_a_token_per_interval_goes_on_its_step_though_each_store_takes_most_of_one():
+    """The interval counts from the batch before's sending: a store that takes 0.06 of a
+    0.1 s step leaves the next step's token free to go when it comes (counted from the
+    store, it would wait 0.06 s for the interval's end)."""
+    window = CoalescingWindow(0.1)
+    sent = stepped(window, step_s=0.1, store_s=0.06, steps=6)
+    assert [tokens for tokens, _ in sent] == [[0], [1], [2], [3], [4], [5]]
+    assert max(waited for _, waited in sent) < 0.03
+    assert window.held_share == 0.0
+
+
+def test_tokens_that_come_while_the_batch_before_is_stored_are_counted_as_held_up():
+    window = CoalescingWindow(0.02)
+    sent = stepped(window, step_s=0.02, store_s=0.05, steps=12)
+    assert sum((tokens for tokens, _ in sent), []) == list(range(12))
+    assert len(sent) < 12  # those that came during a store went together once it was stored
+    assert window.held_share > 0.0
 
 
 def test_a_widened_window_gathers_the_next_steps_token_into_the_batch():
     """Tokens every 0.16 s: at the base interval (0.2 s) each goes alone (quiet for 3/4 of
     it); once the worker's window is wide (0.4 s) they go two by two."""
     window = CoalescingWindow(0.2)
-    waits(window, 30_000, waited=True, now=time.monotonic())
+    holds(window, 30_000, held=True, now=time.monotonic())
     assert window.widened
     flushed: list[list[int]] = []
 
