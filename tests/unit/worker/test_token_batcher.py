@@ -369,13 +369,13 @@ def stepped(window: CoalescingWindow, step_s: float, store_s: float, steps: int,
 
 
 def test_a_token_per_interval_goes_on_its_step_though_each_store_takes_most_of_one():
-    """The interval counts from the batch before's sending: a store that takes 0.06 of a
-    0.1 s step leaves the next step's token free to go when it comes (counted from the
-    store, it would wait 0.06 s for the interval's end)."""
-    window = CoalescingWindow(0.1)
-    sent = stepped(window, step_s=0.1, store_s=0.06, steps=6)
-    assert [tokens for tokens, _ in sent] == [[0], [1], [2], [3], [4], [5]]
-    assert max(waited for _, waited in sent) < 0.03
+    """The interval counts from the batch before's sending: a store that takes 0.12 of a
+    0.2 s step leaves the next step's token free to go when it comes (counted from the
+    store, it would wait 0.12 s for the interval's end)."""
+    window = CoalescingWindow(0.2)
+    sent = stepped(window, step_s=0.2, store_s=0.12, steps=5)
+    assert [tokens for tokens, _ in sent] == [[0], [1], [2], [3], [4]]
+    assert max(waited for _, waited in sent) < 0.06
     assert window.held_share == 0.0
 
 
