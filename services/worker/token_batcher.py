@@ -67,11 +67,11 @@ SMOOTHING = 1 / 8192
 # The window widens once this share of batches found the batch before them still being
 # stored when their first token came (docs/performance.md has the shares measured at
 # several stream counts) ...
-WIDEN_AT_HELD = 0.25
+WIDEN_AT_HELD = 0.1
 # ... and stays wide this long; then the base interval is tried again, the share
 # starting from here.
 WIDE_HOLD_S = 5.0
-RETRY_SHARE = 0.2
+RETRY_SHARE = 0.08
 
 
 class CoalescingWindow:
