@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, Field, TypeAdapter
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -128,6 +129,32 @@ class TokenBatch(BaseModel):
     # When it emitted the batch's first token: how long the longest-waiting token took to
     # reach a client is measured from here (``steno bench --scenarios steady``).
     first_emitted_at: float | None = None
+
+
+def token_batch_json(
+    response_id: str, attempt: int, batch_no: int, token_ids: list[int], *, resumed_after: int | None = None,
+    logprobs: list[float] | None = None, top_logprobs: list[list[tuple[int, float]]] | None = None,
+    parser_seed: ParserSeed | None = None, ended: GenerationEnded | None = None, emitted_at: float | None = None,
+    first_emitted_at: float | None = None,
+) -> bytes:
+    """The batch as ``TokenBatch(...).model_dump_json(exclude_none=True)`` writes it, the
+    same bytes. A worker writes one per stream and engine step, and building the model
+    to write it cost several times the writing (docs/performance.md, "Batches and
+    announcements written without their models"): a batch with neither a seed nor an end
+    is written from its fields; one with either goes through the model."""
+    if parser_seed is not None or ended is not None:
+        return TokenBatch(response_id=response_id, attempt=attempt, batch_no=batch_no, token_ids=token_ids,
+                          resumed_after=resumed_after, logprobs=logprobs, top_logprobs=top_logprobs,
+                          parser_seed=parser_seed, ended=ended, emitted_at=emitted_at,
+                          first_emitted_at=first_emitted_at).model_dump_json(exclude_none=True).encode()
+    # In TokenBatch's field order, as the model writes them.
+    fields: dict[str, Any] = {"kind": "tokens", "v": 1, "response_id": response_id, "attempt": attempt,
+                              "batch_no": batch_no, "token_ids": token_ids}
+    for name, value in (("resumed_after", resumed_after), ("logprobs", logprobs), ("top_logprobs", top_logprobs),
+                        ("emitted_at", emitted_at), ("first_emitted_at", first_emitted_at)):
+        if value is not None:
+            fields[name] = value
+    return orjson.dumps(fields)
 
 
 # What a response's token subject carries.

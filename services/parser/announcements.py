@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from steno.schemas.events import AnnouncedEvents, CommittedEvents, LoggedEvent
+from steno.schemas.events import AnnouncedEvents, LoggedEvent, committed_events_json
 
 # ``AnnouncedEvents`` around its entries, each already encoded as ``CommittedEvents``.
 _BEFORE, _AFTER = AnnouncedEvents(committed=[]).model_dump_json().encode().split(b"[]")
@@ -49,7 +49,7 @@ def committed_entries(response_id: str, events: list[LoggedEvent], limit: int) -
     """The events as ``CommittedEvents`` in as few entries as fit ``limit`` bytes each."""
     if not events:
         return []
-    whole = CommittedEvents(response_id=response_id, events=events).model_dump_json().encode()
+    whole = committed_events_json(response_id, events)
     if len(whole) <= limit:
         return [whole]
     entries: list[bytes] = []
@@ -59,16 +59,15 @@ def committed_entries(response_id: str, events: list[LoggedEvent], limit: int) -
     def close_run() -> None:
         nonlocal run, run_bytes
         if run:
-            entries.append(CommittedEvents(response_id=response_id, events=run).model_dump_json().encode())
+            entries.append(committed_events_json(response_id, run))
             run, run_bytes = [], 0
 
-    envelope = len(CommittedEvents(response_id=response_id, events=[]).model_dump_json())
+    envelope = len(committed_events_json(response_id, []))
     for event in events:
         size = len(event.model_dump_json()) + 1
         if envelope + size > limit:
             close_run()
-            entries.append(CommittedEvents(response_id=response_id, events=[], through_seq=event.seq)
-                           .model_dump_json().encode())
+            entries.append(committed_events_json(response_id, [], through_seq=event.seq))
             continue
         if envelope + run_bytes + size > limit:
             close_run()

@@ -39,6 +39,7 @@ from steno.schemas.bus import (
     TokenBatch,
     WorkerRegistration,
     generation_work,
+    token_batch_json,
 )
 from steno.services.common import logs
 from steno.services.common.bus import (
@@ -410,11 +411,8 @@ class GenerationWorker:
             those of other responses ready at the same moment where it may, riding out
             trouble as ``_publish``. The future resolves once it is stored."""
             batch_no = out.batches
-            batch = TokenBatch(
-                response_id=rid,
-                attempt=attempt,
-                batch_no=batch_no,
-                token_ids=pending.token_ids,
+            body = token_batch_json(
+                rid, attempt, batch_no, pending.token_ids,
                 resumed_after=len(prior.token_ids) if attempt > 0 and batch_no == 0 else None,
                 logprobs=pending.logprobs,
                 top_logprobs=pending.top_logprobs,
@@ -423,7 +421,7 @@ class GenerationWorker:
                 parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
-            body, msg_id = batch.model_dump_json(exclude_none=True).encode(), f"{rid}:{attempt}:{batch_no}"
+            msg_id = f"{rid}:{attempt}:{batch_no}"
             if request.groupable:
                 stored = self._groups.publish(rid, body, msg_id, carried)
             else:

@@ -1,10 +1,15 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from steno.schemas.bus import (
     GenerationEnded,
     GroupedBatch,
+    ParserSeed,
     Placement,
     TokenBatch,
     TokenBatchGroup,
     TokenStreamOrder,
+    token_batch_json,
     token_partition_message,
     unpacked,
 )
@@ -61,3 +66,27 @@ def test_a_partition_message_unpacks_into_the_token_stream_messages_it_carries()
                                      GroupedBatch(batch=other)])
     decoded = token_partition_message.validate_json(group.model_dump_json())
     assert unpacked(decoded, {"ignored": "the group's own"}) == [(batch(0, 0), {"traceparent": "00-ab"}), (other, {})]
+
+
+# Floats as an engine may give them, the infinite and undefined included (the model writes
+# those as null, and so must the batch written without it).
+_floats = st.floats(allow_nan=True, allow_infinity=True)
+_seeds = st.none() | st.builds(ParserSeed, base_snapshot=st.just({"id": RID}), parse_context=st.just({}))
+_ends = st.none() | st.builds(GenerationEnded, response_id=st.just(RID), attempt=st.integers(0, 3),
+                              batch_count=st.integers(0, 9), finish_reason=st.sampled_from(["stop", "length"]))
+
+
+@settings(max_examples=400)
+@given(st.text(), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.lists(st.integers(0, 2**31 - 1)),
+       st.none() | st.integers(0, 2**31 - 1), st.none() | st.lists(_floats),
+       st.none() | st.lists(st.lists(st.tuples(st.integers(0, 2**31 - 1), _floats), max_size=3)),
+       _seeds, _ends, st.none() | _floats, st.none() | _floats)
+def test_a_batch_written_without_its_model_is_the_models_bytes(
+        response_id, attempt, batch_no, token_ids, resumed_after, logprobs, top_logprobs, parser_seed, ended,
+        emitted_at, first_emitted_at):
+    fields = {"resumed_after": resumed_after, "logprobs": logprobs, "top_logprobs": top_logprobs,
+              "parser_seed": parser_seed, "ended": ended, "emitted_at": emitted_at,
+              "first_emitted_at": first_emitted_at}
+    written = token_batch_json(response_id, attempt, batch_no, token_ids, **fields)
+    model = TokenBatch(response_id=response_id, attempt=attempt, batch_no=batch_no, token_ids=token_ids, **fields)
+    assert written == model.model_dump_json(exclude_none=True).encode()

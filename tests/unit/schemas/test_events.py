@@ -1,9 +1,19 @@
 from typing import get_args
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import ResponseStreamEvent
 
-from steno.schemas.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, created_event, failure_events
+from steno.schemas.events import (
+    EVENT_TYPES,
+    TERMINAL_EVENT_TYPES,
+    CommittedEvents,
+    LoggedEvent,
+    committed_events_json,
+    created_event,
+    failure_events,
+)
 from tests.events_oracle import validate_events, validate_response
 
 SNAPSHOT = {"id": "resp_x", "object": "response", "created_at": 1, "status": "in_progress", "error": None,
@@ -32,3 +42,18 @@ def test_the_created_event_is_sequence_zero():
     event = created_event(SNAPSHOT)
     assert (event.seq, event.type) == (0, "response.created")
     assert validate_events([event.payload])[0].response.id == "resp_x"
+
+
+# Any text a payload or a type could hold: control characters, line separators, every
+# plane (lone surrogates cannot be stored, and neither writer takes them).
+_text = st.text(st.characters(exclude_categories=("Cs",)))
+
+
+@settings(max_examples=400)
+@given(_text, st.lists(st.builds(LoggedEvent, seq=st.integers(0, 2**31 - 1), type=_text, payload=_text,
+                                 hash=st.none() | st.binary(min_size=32, max_size=32))),
+       st.none() | st.integers(0, 2**31 - 1))
+def test_committed_events_written_without_their_model_are_the_models_bytes(response_id, events, through_seq):
+    written = committed_events_json(response_id, events, through_seq)
+    assert written == CommittedEvents(response_id=response_id, events=events,
+                                      through_seq=through_seq).model_dump_json().encode()
