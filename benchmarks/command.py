@@ -7,7 +7,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from steno.services.common.config import Settings
 from steno.services.dialects.chat_template.families import FAMILIES
+
+# What every service uses unless STENO_TOKEN_PARTITIONS says otherwise.
+DEFAULT_TOKEN_PARTITIONS: int = Settings.model_fields["token_partitions"].default
 
 SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "steady",
              "vllm"]
@@ -21,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the services' logs in this folder (default: a temporary one, removed)")
     parser.add_argument("--api-replicas", type=int, default=1,
                         help="API processes; the ttfe and throughput streams are spread over them")
+    parser.add_argument("--token-partitions", type=int, default=DEFAULT_TOKEN_PARTITIONS,
+                        help=f"the stack's STENO_TOKEN_PARTITIONS (default {DEFAULT_TOKEN_PARTITIONS}, the services' "
+                             "default): a worker publishes a message per partition and engine step")
     parser.add_argument("--ttfe-levels", default="1,16,128")
     parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
     parser.add_argument("--throughput-levels", default="8,32,128")

@@ -48,7 +48,7 @@ import asyncpg
 import httpx
 import orjson
 
-from steno.benchmarks.command import SCENARIOS
+from steno.benchmarks.command import DEFAULT_TOKEN_PARTITIONS, SCENARIOS
 from steno.benchmarks.sse_client import HttpError, SseClient
 from steno.benchmarks.vllm_side_by_side import side_by_side
 from steno.infra.embedded import free_port, resolve
@@ -187,7 +187,7 @@ async def sse_clients(urls: list[str], streams: int) -> AsyncIterator[list[SseCl
 
 
 class Bench:
-    def __init__(self, work: Path, api_replicas: int = 1) -> None:
+    def __init__(self, work: Path, api_replicas: int = 1, token_partitions: int = DEFAULT_TOKEN_PARTITIONS) -> None:
         self.work = work
         self.api_replicas = api_replicas
         self.infra = resolve(work / "infra")
@@ -197,8 +197,8 @@ class Bench:
         # steno command; the rest is the benchmark's own.
         env = ApiSettings.from_env()
         self.settings = ApiSettings(nats_url=self.infra.nats_url, database_url=self.database_url,
-                                    namespace=f"b{run_id}", token_partitions=16, auth_disabled=True, model_wait_s=10,
-                                    **{name: getattr(env, name) for name in SECURITY_VARIABLES})
+                                    namespace=f"b{run_id}", token_partitions=token_partitions, auth_disabled=True,
+                                    model_wait_s=10, **{name: getattr(env, name) for name in SECURITY_VARIABLES})
         self.stack = Stack(self.settings, work)
         self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
@@ -745,13 +745,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     scenarios = SCENARIOS if args.scenarios == "all" else args.scenarios.split(",")
     machine: dict[str, Any] = {"cpus": os.cpu_count(), "yardstick_ms": round(yardstick_ms(), 3)}
     print(f"machine: {machine['cpus']} cores, yardstick {machine['yardstick_ms']} ms (sum(range(100000)), best of 5)")
-    results: dict[str, Any] = {"scenarios": scenarios, "machine": machine, "api_replicas": args.api_replicas}
+    results: dict[str, Any] = {"scenarios": scenarios, "machine": machine, "api_replicas": args.api_replicas,
+                               "token_partitions": args.token_partitions}
     with tempfile.TemporaryDirectory(prefix="steno-bench-") as tmp:
         work = Path(tmp)
         if args.logs is not None:
             args.logs.mkdir(parents=True, exist_ok=True)
             work = args.logs
-        bench = Bench(work, args.api_replicas)
+        bench = Bench(work, args.api_replicas, args.token_partitions)
         try:
             await bench.start()
             servers = machine["servers"] = await bench.server_versions()

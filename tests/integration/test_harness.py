@@ -55,12 +55,18 @@ def test_the_storage_scenario_alone_stores_what_it_measures(tmp_path, settings):
 
 def test_the_parser_scenario_reads_a_chat_template_model_s_output(tmp_path, settings):
     """The family's files reach the parser through the bus, as a worker's would, and
-    every response it parses completes."""
-    out = tmp_path / "out"
+    every response it parses completes. ``--token-partitions`` sets the stack's count:
+    its parser holds exactly those partitions, and the results say how many."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
     done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "parser",
-                           "--parser-family", "qwen3", "--parser-responses", "20", "--out", str(out)],
+                           "--parser-family", "qwen3", "--parser-responses", "20", "--token-partitions", "3",
+                           "--out", str(out), "--logs", str(logs)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    parser = json.loads((out / "results.json").read_text())["parser"]
+    results = json.loads((out / "results.json").read_text())
+    parser = results["parser"]
     assert parser["dialect"] == "qwen3" and parser["responses"] == 20
     assert parser["tokens"] > 20 * 100 and parser["tokens_per_cpu_second"] > 0
+    assert results["token_partitions"] == 3
+    acquired = re.findall(r"acquired partition p(\d+)", (logs / "parser.log").read_text())
+    assert set(map(int, acquired)) == {0, 1, 2}
