@@ -4,6 +4,8 @@ Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                       GenerationRequest, work-queue stream ``NS_GEN``
   ``ns.gen.<model>.affinity.<shard>``      the same, for requests with a ``prompt_cache_key``
   ``ns.tokens.<p>.<response_id>``          TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
+                                           (its description names the partition count; a process set to
+                                           another refuses to start)
   ``ns.events.<origin>``                   AnnouncedEvents, core NATS (``origin``: an API process; the
                                            responses it made and those it follows)
 KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import string
 import zlib
 from collections.abc import Awaitable, Callable
@@ -237,12 +240,38 @@ def _why_unanswered(error: BaseException) -> str:
     return "no JetStream is answering yet"
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+class PartitionCountMismatch(RuntimeError):
+    """The token stream was made for another partition count than this process's."""
+
+
+def _tokens_description(partitions: int) -> str:
+    return f"Steno's token batches in {partitions} partitions (STENO_TOKEN_PARTITIONS)"
+
+
+_DESCRIBED_PARTITIONS = re.compile(r" in (\d+) partitions ")
+
+
+def _refuse_other_partitions(existing: StreamConfig, names: Names) -> None:
+    """A process with another count than the stream's would publish batches no parser
+    reads, or read partitions nobody writes: its responses would stall unseen."""
+    described = _DESCRIBED_PARTITIONS.search(existing.description or "")
+    if described is not None and int(described.group(1)) != names.token_partitions:
+        raise PartitionCountMismatch(
+            f"the token stream {existing.name} was made for {described.group(1)} partitions and this process is "
+            f"set to {names.token_partitions} (STENO_TOKEN_PARTITIONS): every service of a deployment must use "
+            "the same count, chosen before its first start (docs/deployment.md)")
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig,
+                         accept: Callable[[StreamConfig], None] | None = None) -> None:
+    """Declares the stream; one that exists with other settings is brought to ours, once
+    ``accept`` (raising if not) has seen its own."""
     async def declare() -> None:
         try:
             await js.add_stream(config)
         except BadRequestError:
-            # Exists with other settings: bring it to ours.
+            if accept is not None and config.name is not None:
+                accept((await js.stream_info(config.name)).config)
             await js.update_stream(config)
 
     await patiently(declare, f"declaring stream {config.name}")
@@ -265,6 +294,8 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
         js,
         StreamConfig(
             name=names.tokens_stream,
+            # Names the partition count, which every process checks its own against.
+            description=_tokens_description(names.token_partitions),
             subjects=[f"{names.namespace}.tokens.>"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
@@ -272,6 +303,7 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             duplicate_window=DUPLICATE_WINDOW_S,
             num_replicas=names.replicas,
         ),
+        lambda existing: _refuse_other_partitions(existing, names),
     )
 
 

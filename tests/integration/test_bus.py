@@ -1,5 +1,6 @@
 """A stack started before its NATS has JetStream: each service waits for JetStream (saying
-so in its log) instead of exiting, and serves once it is there."""
+so in its log) instead of exiting, and serves once it is there; one whose streams it
+cannot use exits, saying why."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ def wait_until_waiting(processes: list[ServiceProcess]) -> None:
             assert process.exited() is None, f"{process.name} exited:\n{process.log_text()}"
             assert time.monotonic() < deadline, f"{process.name} never waited for JetStream:\n{process.log_text()}"
             time.sleep(0.2)
+
+
+async def every_service_exited(stack: Stack) -> list[ServiceProcess]:
+    """Starts a parser, a worker and an API in ``stack`` and waits for all three to exit."""
+    processes = [stack.add("parser", "parser"), stack.add("worker", "worker"),
+                 stack.add("api", "api", "--port", str(free_port()))]
+    deadline = time.monotonic() + SEEN_WAITING_WITHIN_S
+    while any(process.exited() is None for process in processes):
+        assert time.monotonic() < deadline, stack.logs()
+        await asyncio.sleep(0.2)
+    return processes
 
 
 def test_services_started_before_jetstream_wait_for_it_and_then_serve(settings: ApiSettings, tmp_path: Path):
@@ -83,17 +95,59 @@ async def test_a_stream_that_cannot_take_the_settings_ends_each_service_visibly(
     await js.add_stream(StreamConfig(name=names.tokens_stream, subjects=[f"{names.namespace}.tokens.>"],
                                      retention=RetentionPolicy.WORK_QUEUE))
     try:
-        processes = [stack.add("parser", "parser"), stack.add("worker", "worker"),
-                     stack.add("api", "api", "--port", str(free_port()))]
-        deadline = time.monotonic() + SEEN_WAITING_WITHIN_S
-        while any(process.exited() is None for process in processes):
-            assert time.monotonic() < deadline, stack.logs()
-            await asyncio.sleep(0.2)
+        processes = await every_service_exited(stack)
         for process in processes:
             assert process.exited() != 0, process.log_text()
             assert "retention" in process.log_text(), process.log_text()
             assert WAITING not in process.log_text()
     finally:
         stack.stop()
+        await bus.remove_namespace(js, names)
+        await nc.close()
+
+
+async def test_a_process_set_to_another_partition_count_than_the_stream_s_refuses_to_start(
+        settings: ApiSettings, tmp_path: Path):
+    """Every service must use the token stream's partition count: one set to another
+    would publish batches no parser reads, or read partitions nobody writes, and its
+    responses would stall unseen. It exits instead, naming both counts."""
+    stack = Stack(settings.with_changes(namespace=settings.namespace + "parts", auth_disabled=True,
+                                        token_partitions=settings.token_partitions + 1), tmp_path)
+    made = bus.Names(stack.settings.namespace, settings.token_partitions)
+    nc = await bus.connect(stack.settings, "steno-test")
+    js = nc.jetstream()
+    try:
+        await bus.ensure_streams(js, made)
+        await bus.ensure_streams(js, made)  # the same count again: accepted
+        with pytest.raises(bus.PartitionCountMismatch, match=f"made for {settings.token_partitions} partitions"):
+            await bus.ensure_streams(js, bus.Names.from_settings(stack.settings))
+        processes = await every_service_exited(stack)
+        wanted = (f"made for {settings.token_partitions} partitions and this process is set to "
+                  f"{settings.token_partitions + 1} (STENO_TOKEN_PARTITIONS)")
+        for process in processes:
+            assert process.exited() != 0, process.log_text()
+            assert wanted in process.log_text(), process.log_text()
+    finally:
+        stack.stop()
+        await bus.remove_namespace(js, made)
+        await nc.close()
+
+
+async def test_a_token_stream_made_before_it_named_its_partitions_takes_the_first_count_declared(
+        settings: ApiSettings):
+    """A deployment's stream from a release that did not name the count: the first
+    process to start names its own, and holds the rest to it."""
+    names = bus.Names(settings.namespace + "undescribed", settings.token_partitions)
+    nc = await bus.connect(settings, "steno-test")
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=names.tokens_stream, subjects=[f"{names.namespace}.tokens.>"],
+                                         retention=RetentionPolicy.LIMITS))
+        await bus.ensure_streams(js, names)
+        described = (await js.stream_info(names.tokens_stream)).config.description
+        assert f" in {settings.token_partitions} partitions " in described
+        with pytest.raises(bus.PartitionCountMismatch):
+            await bus.ensure_streams(js, bus.Names(names.namespace, settings.token_partitions * 2))
+    finally:
         await bus.remove_namespace(js, names)
         await nc.close()
