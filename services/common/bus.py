@@ -252,8 +252,9 @@ _DESCRIBED_PARTITIONS = re.compile(r" in (\d+) partitions ")
 
 
 def _refuse_other_partitions(existing: StreamConfig, names: Names) -> None:
-    """A process with another count than the stream's would publish batches no parser
-    reads, or read partitions nobody writes: its responses would stall unseen."""
+    """A worker set to more partitions than the parsers publishes batches on partitions
+    no parser reads, and a parser set to fewer leaves some unread: responses stall
+    without a word."""
     described = _DESCRIBED_PARTITIONS.search(existing.description or "")
     if described is not None and int(described.group(1)) != names.token_partitions:
         raise PartitionCountMismatch(

@@ -108,9 +108,9 @@ async def test_a_stream_that_cannot_take_the_settings_ends_each_service_visibly(
 
 async def test_a_process_set_to_another_partition_count_than_the_stream_s_refuses_to_start(
         settings: ApiSettings, tmp_path: Path):
-    """Every service must use the token stream's partition count: one set to another
-    would publish batches no parser reads, or read partitions nobody writes, and its
-    responses would stall unseen. It exits instead, naming both counts."""
+    """Every service must use the token stream's partition count: a worker set to more
+    would publish batches on partitions no parser reads, and responses would stall
+    unseen. A service set to another count exits instead, naming both."""
     stack = Stack(settings.with_changes(namespace=settings.namespace + "parts", auth_disabled=True,
                                         token_partitions=settings.token_partitions + 1), tmp_path)
     made = bus.Names(stack.settings.namespace, settings.token_partitions)
