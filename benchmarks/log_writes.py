@@ -111,7 +111,7 @@ async def measure(database_url: str, sizes: Sizes, rounds: int, without_batch_ke
     await ensure_database(scratch)
     try:
         await asyncio.to_thread(upgrade, scratch)
-        pools = await create_parser_pools(scratch, partitions=1)
+        pools = await create_parser_pools(scratch)
         try:
             if without_batch_key:
                 await pools.planned.execute(

@@ -20,7 +20,11 @@ shards pull one message at a time for this reason).
 A request is never left waiting for a full batch: messages are handed over as they come.
 
 With ``held`` every message is held there from its arrival (kept from redelivery by
-in-progress acks) until its taker releases it, having acked it."""
+in-progress acks) until its taker releases it, having acked it.
+
+Pulls that share one ``Arrivals`` are read together: one wait for whatever any of them
+delivered, so a reader of many consumers (a parser's partitions, each given a message
+per engine step) wakes once per burst rather than once per message."""
 
 from __future__ import annotations
 
@@ -69,7 +73,8 @@ class Credits:
 
 class ContinuousPull:
     def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float = 30.0,
-                 credits: Credits | None = None, held: InProgress | None = None) -> None:
+                 credits: Credits | None = None, held: InProgress | None = None,
+                 arrivals: Arrivals | None = None) -> None:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
@@ -81,30 +86,30 @@ class ContinuousPull:
         self._reconnects = 0  # the connection's reconnect count when the request went out
         self._credits = credits
         self._held = held
-        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        self._arrivals = arrivals if arrivals is not None else Arrivals()
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
         self._subscription = await self._nc.subscribe(self._inbox, cb=self._on_message)
+        self._arrivals.pulls.add(self)
         await self._request()
+
+    @property
+    def receiving(self) -> bool:
+        return self._subscription is not None
 
     async def stop(self) -> None:
         """Stops receiving; what arrived but was not taken goes back to the stream at once."""
+        self._arrivals.pulls.discard(self)
         if self._subscription is not None:
             await self._subscription.unsubscribe()
             self._subscription = None
-        while not self._arrived.empty():
-            msg = self._arrived.get_nowait()
-            if not (msg.headers and msg.headers.get(STATUS)):
-                with suppress(Exception):
-                    await msg.nak()
-                if self._held is not None:
-                    self._held.release(msg)
+        await self._arrivals.hand_back(self)
 
     async def _on_message(self, msg: Msg) -> None:
         if self._held is not None and not (msg.headers and msg.headers.get(STATUS)):
             self._held.hold(msg)
-        self._arrived.put_nowait(msg)
+        self._arrivals.queue.put_nowait((self, msg))
 
     async def _request(self) -> None:
         size = self._batch if self._credits is None else min(self._batch, self._credits.count)
@@ -118,30 +123,28 @@ class ContinuousPull:
 
     async def next_messages(self, limit: int) -> list[Msg]:
         """Waits for the next message, then takes whatever else has arrived, up to ``limit``."""
-        taken: list[Msg] = []
-        while not taken:
-            if self._left == 0:
-                await self._request()
-                if self._left == 0 and self._credits is not None:  # no credit: wait for some to come back
-                    await self._credits.returned()
-                    continue
-            now = time.monotonic()
-            if now >= self._ends_at or self._nc.stats["reconnects"] != self._reconnects:
-                await self._request()  # the request is gone without its end notice
-                continue
-            try:
-                msg = await asyncio.wait_for(self._arrived.get(), min(CHECK_EVERY_S, self._ends_at - now))
-            except TimeoutError:
-                continue
-            await self._take(msg, taken)
-            while len(taken) < limit and not self._arrived.empty():
-                await self._take(self._arrived.get_nowait(), taken)
-        return taken
+        return [msg for _, msg in await self._arrivals.next_messages(limit)]
 
-    async def _take(self, msg: Msg, taken: list[Msg]) -> None:
+    async def _renewed(self) -> float:
+        """Sends a new request where the open one is used up or gone without its end
+        notice (waiting for a credit first where there is none); returns the seconds
+        until the request must be checked again."""
+        while self._left == 0:
+            await self._request()
+            if self._left == 0 and self._credits is not None:  # no credit: wait for some to come back
+                await self._credits.returned()
+        if time.monotonic() >= self._ends_at or self._nc.stats["reconnects"] != self._reconnects:
+            await self._request()
+        return min(CHECK_EVERY_S, self._ends_at - time.monotonic())
+
+    async def _take(self, msg: Msg, taken: list[tuple[ContinuousPull, Msg]]) -> None:
         status = msg.headers.get(STATUS) if msg.headers else None
+        if not self.receiving:  # stopped while this waited to be read
+            if status is None:
+                await self._hand_back(msg)
+            return
         if status is None:
-            taken.append(msg)
+            taken.append((self, msg))
             self._left -= 1
             if self._credits is not None:
                 self._credits.use()
@@ -159,3 +162,49 @@ class ContinuousPull:
                 log.warning("pull request on %s failed: %s %s", self._next_subject, status, description)
             await asyncio.sleep(0.1)
             await self._request()
+
+    async def _hand_back(self, msg: Msg) -> None:
+        with suppress(Exception):
+            await msg.nak()
+        if self._held is not None:
+            self._held.release(msg)
+
+
+class Arrivals:
+    """What one or more pulls delivered, in the order it came, read in one place. A pull
+    out of credits waits for one before the others are read, so pulls read together take
+    none (the parser's partitions); a pull with credits reads alone (a worker's slots)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[ContinuousPull, Msg]] = asyncio.Queue()
+        self.pulls: set[ContinuousPull] = set()
+
+    async def next_messages(self, limit: int) -> list[tuple[ContinuousPull, Msg]]:
+        """Waits for the next message on any started pull, then takes whatever else has
+        arrived, up to ``limit``; each message with the pull it came by."""
+        taken: list[tuple[ContinuousPull, Msg]] = []
+        while not taken:
+            wait_s = CHECK_EVERY_S
+            for pull in list(self.pulls):
+                wait_s = min(wait_s, await pull._renewed())
+            try:
+                pull, msg = await asyncio.wait_for(self.queue.get(), wait_s)
+            except TimeoutError:
+                continue
+            await pull._take(msg, taken)
+            while len(taken) < limit and not self.queue.empty():
+                pull, msg = self.queue.get_nowait()
+                await pull._take(msg, taken)
+        return taken
+
+    async def hand_back(self, stopped: ContinuousPull) -> None:
+        """Sends back at once what a stopped pull delivered and nobody took."""
+        kept: list[tuple[ContinuousPull, Msg]] = []
+        while not self.queue.empty():
+            pull, msg = self.queue.get_nowait()
+            if pull is not stopped:
+                kept.append((pull, msg))
+            elif not (msg.headers and msg.headers.get(STATUS)):
+                await pull._hand_back(msg)
+        for item in kept:
+            self.queue.put_nowait(item)

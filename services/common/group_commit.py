@@ -1,6 +1,6 @@
 """Group commit: writes that arrive while a commit is in flight go together in the next
-one, so a burst (new responses in the API, the parser's partitions) costs Postgres a few
-statements and WAL flushes instead of one each.
+one, so a burst of new responses in the API costs Postgres a few statements and WAL
+flushes instead of one each.
 
 A group that fails is retried member by member, so one bad write (a response deleted
 mid-stream, say) fails only its own caller."""

@@ -94,12 +94,12 @@ class ParserPools:
         await self.appends.close()
 
 
-async def create_parser_pools(url: str, partitions: int) -> ParserPools:
-    """One planned connection per partition the parser may hold, so loads never queue for
-    a connection; commits go one at a time (``GroupCommitter``), so two append
-    connections are enough."""
-    return ParserPools(planned=await create_pool(url, max_size=partitions + 2, server_settings=PLAN_EACH_EXECUTION),
-                       appends=await create_pool(url, max_size=2))
+async def create_parser_pools(url: str) -> ParserPools:
+    """The parser reads and commits from one loop, one statement at a time: a planned
+    connection for its reads and two beside it for the readiness probe's checks, which
+    run together, and one append connection."""
+    return ParserPools(planned=await create_pool(url, max_size=3, server_settings=PLAN_EACH_EXECUTION),
+                       appends=await create_pool(url, max_size=1))
 
 
 class EventLog:

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     async def main(stop: asyncio.Event) -> None:
         dialects.load_all()
         nc = await bus.connect(settings, "steno-parser")
-        pools = await create_parser_pools(settings.database_url, settings.token_partitions)
+        pools = await create_parser_pools(settings.database_url)
         parser_id = instance_id()
         names = bus.Names.from_settings(settings)
         service = ParserService(nc, pools, names, parser_id)

@@ -1,10 +1,11 @@
 """The parser service: token stream in, event log out.
 
-Each token partition has one durable pull consumer. For every fetched run of messages
-the service applies them to the per-response states, commits the resulting events and
-the consumed batches in one transaction, publishes the committed events for live tails,
-and only then acks. A state it lacks (after a restart or takeover) is rebuilt by
-replaying the batches already committed for that response."""
+Each token partition has one durable pull consumer; the partitions a parser holds are
+read together, by one loop. For every run of messages that arrived (on any of them) the
+service applies them to the per-response states, commits the resulting events and the
+consumed batches in one transaction, publishes the committed events for live tails, and
+only then acks. A state it lacks (after a restart or takeover) is rebuilt by replaying
+the batches already committed for that response."""
 
 from __future__ import annotations
 
@@ -32,9 +33,8 @@ from steno.services.common.bus import (
     message_limit,
     partition_of,
 )
-from steno.services.common.continuous_pull import ContinuousPull
+from steno.services.common.continuous_pull import Arrivals, ContinuousPull
 from steno.services.common.followers import Followers
-from steno.services.common.group_commit import GroupCommitter
 from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import PARSED_EVENTS
@@ -74,7 +74,6 @@ class ParserService:
         self._js = nc.jetstream()
         self._message_limit = message_limit(nc)
         self._log = EventLog(pools.planned, appends=pools.appends)
-        self._committer = GroupCommitter(self._log.commit)
         self._names = names
         self._instance_id = instance_id
         self._states: OrderedDict[str, ResponseState] = OrderedDict()
@@ -82,7 +81,12 @@ class ParserService:
                                        holders_bucket=names.parsers_bucket, partitions=names.token_partitions,
                                        instance_id=instance_id, presence_prefix=names.presence_prefix,
                                        replicas=names.replicas)
-        self._consumers: dict[int, asyncio.Task] = {}
+        self._arrivals = Arrivals()
+        self._pulls: dict[int, ContinuousPull] = {}
+        # Partitions released while a run of their messages was being processed: the run
+        # may have kept states of theirs, which go stale with the partition.
+        self._released_meanwhile: set[int] = set()
+        self._processing = False
         self._reasoning_keys = ReasoningKeys(pools.planned)
         # The parser acks within milliseconds of a delivery; what a dead parser had
         # fetched comes back to the partition's next holder within the ack wait, while
@@ -107,11 +111,13 @@ class ParserService:
             )
         log.info("parser %s ready", self._instance_id)
         beats = asyncio.create_task(self._beat())
+        consuming = asyncio.create_task(self._consume())
         try:
             await self._leases.run(self._start_partition, self._stop_partition)
         finally:
-            beats.cancel()
-            await asyncio.gather(beats, return_exceptions=True)
+            for task in (beats, consuming):
+                task.cancel()
+            await asyncio.gather(beats, consuming, return_exceptions=True)
             await self._followers.stop()
 
     async def _beat(self) -> None:
@@ -124,53 +130,63 @@ class ParserService:
         await self._leases.release_all(self._stop_partition)
 
     async def _start_partition(self, partition: int) -> None:
-        self._consumers[partition] = asyncio.create_task(self._consume(partition))
+        pull = ContinuousPull(self._nc, self._names.tokens_stream, self._names.parser_consumer(partition),
+                              batch=FETCH_BATCH, held=self._held, arrivals=self._arrivals)
+        await pull.start()
+        self._pulls[partition] = pull
 
     async def _stop_partition(self, partition: int) -> None:
-        task = self._consumers.pop(partition, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        pull = self._pulls.pop(partition, None)
+        if pull is not None:
+            with suppress(Exception):
+                await pull.stop()
+        if self._processing:
+            self._released_meanwhile.add(partition)
+        self._forget_partition(partition)
+
+    def _forget_partition(self, partition: int) -> None:
         # Another parser may write these responses now: what we know of them goes stale.
         for response_id in [r for r in self._states if partition_of(r, self._names.token_partitions) == partition]:
             del self._states[response_id]
 
-    async def _consume(self, partition: int) -> None:
-        feed = ContinuousPull(self._nc, self._names.tokens_stream, self._names.parser_consumer(partition),
-                              batch=FETCH_BATCH, held=self._held)
-        await feed.start()
-        try:
-            while True:
-                try:
-                    messages = await feed.next_messages(FETCH_BATCH)
-                except Exception:
-                    log.exception("receiving tokens failed; retrying")
-                    await asyncio.sleep(RETRY_DELAY_S)
-                    continue
-                try:
-                    await self._settle(messages)
-                except asyncio.CancelledError:
-                    # The partition goes to another holder: these go there at once, committed or not.
-                    for msg in messages:
-                        with suppress(Exception):
-                            await msg.nak()
-                    raise
-                except Exception:
-                    log.exception("processing %d messages failed; they will be redelivered", len(messages))
-                    for msg in messages:
-                        with suppress(Exception):
-                            await msg.nak(delay=retry_delay(msg))
-                finally:
-                    for msg in messages:
-                        self._held.release(msg)
-        finally:
-            with suppress(Exception):
-                await feed.stop()
+    async def _consume(self) -> None:
+        while True:
+            try:
+                arrived = await self._arrivals.next_messages(FETCH_BATCH)
+            except Exception:
+                log.exception("receiving tokens failed; retrying")
+                await asyncio.sleep(RETRY_DELAY_S)
+                continue
+            messages = [msg for _, msg in arrived]
+            self._processing = True
+            try:
+                await self._settle(arrived)
+            except asyncio.CancelledError:
+                # The parser is stopping: these go to the partitions' next holders at once, committed or not.
+                for msg in messages:
+                    with suppress(Exception):
+                        await msg.nak()
+                raise
+            except Exception:
+                log.exception("processing %d messages failed; they will be redelivered", len(messages))
+                for msg in messages:
+                    with suppress(Exception):
+                        await msg.nak(delay=retry_delay(msg))
+            finally:
+                self._processing = False
+                for msg in messages:
+                    self._held.release(msg)
+                for partition in self._released_meanwhile:
+                    self._forget_partition(partition)
+                self._released_meanwhile.clear()
 
-    async def _settle(self, messages: list[Msg]) -> None:
+    async def _settle(self, arrived: list[tuple[ContinuousPull, Msg]]) -> None:
         """Processes the messages until none is left for want of Postgres: those are kept
         (held, so not redelivered) and tried again, waiting longer each time, so an
-        outage of any length delays the partition without spending deliveries."""
+        outage of any length delays the partitions without spending deliveries. Those of
+        a partition released meanwhile go to its next holder instead."""
+        pulls = {id(msg): pull for pull, msg in arrived}
+        messages = [msg for _, msg in arrived]
         waited_s = 0.0
         wait_s = RETRY_DELAY_S / 2
         while messages:
@@ -184,6 +200,10 @@ class ParserService:
                 await asyncio.sleep(wait_s)
                 waited_s += wait_s
                 wait_s = min(wait_s * 2, MAX_UNREACHABLE_WAIT_S)
+                for msg in [msg for msg in messages if not pulls[id(msg)].receiving]:
+                    with suppress(Exception):
+                        await msg.nak()
+                messages = [msg for msg in messages if pulls[id(msg)].receiving]
         if waited_s:
             log.info("Postgres answered again after %.1fs", waited_s)
 
@@ -378,7 +398,7 @@ class ParserService:
         if not writes:
             return [], []
         try:
-            await self._committer.commit(writes)
+            await self._log.commit(writes)
             return writes, []
         except Exception as exc:
             for write in writes:

@@ -1,4 +1,4 @@
-"""Standing pull requests (the parser's partitions, a worker's slots), against a real JetStream consumer."""
+"""Standing pull requests (the parser's partitions, a worker's slots), against real JetStream consumers."""
 
 import asyncio
 import secrets
@@ -10,7 +10,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 from steno.services.common.bus import durable_pull_config
-from steno.services.common.continuous_pull import ContinuousPull, Credits
+from steno.services.common.continuous_pull import Arrivals, ContinuousPull, Credits
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,6 @@ async def receive(feed: ContinuousPull, count: int, timeout_s: float = 5.0) -> l
     return got
 
 
-
 async def delivered_after_waiting(feed: ContinuousPull, js, subject: str, body: bytes,
                                   waited_s: float) -> tuple[list[bytes], float]:
     """Publishes ``body`` once the reader has waited ``waited_s`` for a message: what it
@@ -61,6 +60,7 @@ async def delivered_after_waiting(feed: ContinuousPull, js, subject: str, body: 
     await js.publish(subject, body)
     got = await waiting
     return got, time.monotonic() - published
+
 
 async def test_messages_arrive_in_order_beyond_one_request_batch(consumer):
     nc, js, stream, subject = consumer
@@ -146,12 +146,57 @@ async def test_after_a_reconnect_the_reader_renews_its_request(consumer, setting
         await reader_nc.close()
 
 
-async def test_pulls_sharing_credits_take_no_more_than_the_credits_and_their_open_requests(consumer):
+@pytest.fixture
+async def two_consumers(consumer):
+    """The ``consumer`` fixture's stream with a second subject and its own consumer, ``other``."""
     nc, js, stream, subject = consumer
     other_subject = subject + "-other"
     await js.update_stream(StreamConfig(name=stream, subjects=[subject, other_subject]))
     await js.add_consumer(stream, durable_pull_config("other", other_subject, max_deliver=5, max_ack_pending=1000,
                                                       ack_wait_s=5))
+    return nc, js, stream, subject, other_subject
+
+
+async def test_pulls_sharing_arrivals_are_read_together(two_consumers):
+    nc, js, stream, subject, other_subject = two_consumers
+    arrivals = Arrivals()
+    async with reading(nc, stream, batch=8, expires_s=0.3, arrivals=arrivals) as first, \
+            reading(nc, stream, durable="other", batch=8, expires_s=0.3, arrivals=arrivals) as second:
+        await js.publish(subject, b"first 0")
+        await js.publish(other_subject, b"second 0")
+        await asyncio.sleep(0.3)  # both reach their inboxes
+        taken = await asyncio.wait_for(arrivals.next_messages(64), 2)
+        assert sorted((pull is first, msg.data) for pull, msg in taken) == [(False, b"second 0"), (True, b"first 0")]
+        for _, msg in taken:
+            await msg.ack()
+        # Both requests expire and are renewed while the reader waits on them together.
+        waiting = asyncio.create_task(arrivals.next_messages(64))
+        await asyncio.sleep(1.0)
+        published = time.monotonic()
+        await js.publish(other_subject, b"second 1")
+        taken = await asyncio.wait_for(waiting, 2)
+        assert [(pull is second, msg.data) for pull, msg in taken] == [(True, b"second 1")]
+        assert time.monotonic() - published < 0.5
+
+
+async def test_a_pull_stopped_hands_back_what_it_left_among_the_others_arrivals(two_consumers):
+    nc, js, stream, subject, other_subject = two_consumers
+    arrivals = Arrivals()
+    async with reading(nc, stream, durable="other", batch=8, expires_s=5.0, arrivals=arrivals):
+        async with reading(nc, stream, batch=8, expires_s=5.0, arrivals=arrivals):
+            await js.publish(subject, b"delivered, never taken")
+            await js.publish(other_subject, b"for the pull that stays")
+            await asyncio.sleep(0.3)  # both reach the shared arrivals
+        taken = await asyncio.wait_for(arrivals.next_messages(64), 2)
+        assert [msg.data for _, msg in taken] == [b"for the pull that stays"]
+        await taken[0][1].ack()
+        async with reading(nc, stream, batch=8, expires_s=0.3) as next_holder:
+            # Not after the 5 s ack wait: the stopped pull handed it back.
+            assert await receive(next_holder, 1, timeout_s=3.0) == [b"delivered, never taken"]
+
+
+async def test_pulls_sharing_credits_take_no_more_than_the_credits_and_their_open_requests(two_consumers):
+    nc, js, stream, subject, other_subject = two_consumers
     credits = Credits(1)
     async with reading(nc, stream, batch=1, expires_s=0.3, credits=credits) as first, \
             reading(nc, stream, durable="other", batch=1, expires_s=0.3, credits=credits) as second:

@@ -57,7 +57,7 @@ async def test_endings_are_found_by_key_after_the_table_has_grown_under_the_conn
     nearly empty ``responses`` table; once that table holds thousands of rows, ending a
     response must still go to its row by the key, not scan the table."""
     admin = await asyncpg.connect(asyncpg_dsn(fresh_database))
-    pools = await create_parser_pools(fresh_database, partitions=0)
+    pools = await create_parser_pools(fresh_database)
     try:
         await admin.execute(_ADD_RESPONSES, 1, 20, "in_progress")
         log = EventLog(pools.planned, appends=pools.appends)
@@ -79,7 +79,7 @@ async def test_a_write_overlapping_what_is_stored_adds_only_the_rest(fresh_datab
     """Another writer (a parser that has not yet noticed it lost the partition) may have
     stored part of a write: committing it again stores what was missing, once."""
     admin = await asyncpg.connect(asyncpg_dsn(fresh_database))
-    pools = await create_parser_pools(fresh_database, partitions=0)
+    pools = await create_parser_pools(fresh_database)
 
     try:
         await admin.execute(_ADD_RESPONSES, 1, 1, "queued")
@@ -102,7 +102,7 @@ async def test_commits_that_only_insert_keep_their_plans_and_check_batches_by_ke
     connection that keeps its plans, and each batch's response is still found by its key
     once the table has grown under that connection."""
     admin = await asyncpg.connect(asyncpg_dsn(fresh_database))
-    pools = await create_parser_pools(fresh_database, partitions=0)
+    pools = await create_parser_pools(fresh_database)
     try:
         await admin.execute(_ADD_RESPONSES, 1, 20, "in_progress")
         log = EventLog(pools.planned, appends=pools.appends)
