@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-partitions", type=int, default=DEFAULT_TOKEN_PARTITIONS,
                         help=f"the stack's STENO_TOKEN_PARTITIONS (default {DEFAULT_TOKEN_PARTITIONS}, the services' "
                              "default): a worker publishes a message per partition and engine step")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample each Steno process with py-spy while Steno's side of the ttfe, throughput and "
+                             "steady scenarios runs: the samples and where each process's time went are written to "
+                             "OUT/profiles and results.json (sampling costs the processes CPU of its own)")
     parser.add_argument("--ttfe-levels", default="1,16,128")
     parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
     parser.add_argument("--throughput-levels", default="8,32,128")

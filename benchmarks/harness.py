@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ import httpx
 import orjson
 
 from steno.benchmarks.command import DEFAULT_TOKEN_PARTITIONS, SCENARIOS
+from steno.benchmarks.profiles import Profiler
 from steno.benchmarks.sse_client import HttpError, SseClient
 from steno.benchmarks.vllm_side_by_side import side_by_side
 from steno.infra.embedded import free_port, resolve
@@ -202,6 +203,8 @@ class Bench:
         self.stack = Stack(self.settings, work)
         self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
+        # Set where the run profiles (--profile).
+        self.profiler: Profiler | None = None
 
     async def start(self) -> None:
         await ensure_database(self.database_url)
@@ -257,6 +260,20 @@ class Bench:
         processes = [*self.stack.processes, *([self.baseline] if self.baseline is not None else [])]
         return {p.name: p.pid for p in processes if p.process is not None}
 
+    def serving(self, worker: str = "worker") -> list[str]:
+        """Steno's processes that serve a scenario whose model ``worker`` generates."""
+        return [name for name in self.pids() if name == worker or not name.startswith(("worker", "baseline"))]
+
+    @asynccontextmanager
+    async def profiled(self, label: str, services: Iterable[str]) -> AsyncIterator[None]:
+        """``services`` sampled while the block runs, where the run profiles."""
+        if self.profiler is None:
+            yield
+            return
+        pids = self.pids()
+        async with self.profiler.profiling(label, {name: pids[name] for name in services}):
+            yield
+
     def cpu_by_process(self) -> dict[str, float]:
         """CPU seconds so far of each service, of the load generator, and of Postgres and
         NATS where they run on this machine."""
@@ -296,14 +313,15 @@ class Bench:
                 for side in clients.values():
                     await asyncio.gather(*(one_stream(side[i % len(side)], "warm up") for i in range(level)))
                 before = self.cpu_by_process()
-                for block in range(0, rounds, ROUNDS_PER_BLOCK):
-                    for name, side in clients.items():
-                        started = time.process_time()
-                        with collector_paused():
-                            for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
-                                samples[name] += await asyncio.gather(
-                                    *(one_stream(side[i % len(side)], f"ttfe {i}") for i in range(level)))
-                        client_cpu[name] += time.process_time() - started
+                async with self.profiled(f"ttfe-{level}", self.serving()):
+                    for block in range(0, rounds, ROUNDS_PER_BLOCK):
+                        for name, side in clients.items():
+                            started = time.process_time()
+                            with collector_paused():
+                                for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
+                                    samples[name] += await asyncio.gather(
+                                        *(one_stream(side[i % len(side)], f"ttfe {i}") for i in range(level)))
+                            client_cpu[name] += time.process_time() - started
                 after = self.cpu_by_process()
             # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
             used = {process: after[process] - before[process] for process in before if process != "client"}
@@ -383,7 +401,8 @@ class Bench:
             stop_sampling = asyncio.Event()
             backlogs = asyncio.create_task(self._stage_backlogs(stop_sampling))
             started = time.perf_counter()
-            steno = await self._closed_loop(self.steno_urls, level, seconds)
+            async with self.profiled(f"throughput-{level}", self.serving()):
+                steno = await self._closed_loop(self.steno_urls, level, seconds)
             wall = time.perf_counter() - started
             stop_sampling.set()
             after = self.cpu_by_process()
@@ -753,6 +772,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             args.logs.mkdir(parents=True, exist_ok=True)
             work = args.logs
         bench = Bench(work, args.api_replicas, args.token_partitions)
+        if args.profile:
+            bench.profiler = Profiler(args.out / "profiles")
         try:
             await bench.start()
             servers = machine["servers"] = await bench.server_versions()
@@ -789,6 +810,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  args.steady_max_streams, args.steady_batch_interval_ms)
         finally:
             await bench.stop()
+    if bench.profiler is not None:
+        results["profiles"] = bench.profiler.results
     machine["yardstick_ms_after"] = round(yardstick_ms(), 3)
     print(f"machine: yardstick {machine['yardstick_ms_after']} ms after the run")
     return results

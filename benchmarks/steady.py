@@ -324,8 +324,8 @@ async def _postgres_writes(conn: asyncpg.Connection) -> list[Any]:
 async def _steno_level(bench: Bench, follower: BatchFollower, announcements: AnnouncementFollower,
                        conn: asyncpg.Connection, level: int, timeout_s: float) -> dict[str, Any]:
     # The stack's other workers serve other scenarios' models and idle here.
-    pids = {name: pid for name, pid in bench.pids().items()
-            if name == "worker-steady" or not name.startswith(("worker", "baseline"))}
+    serving = bench.serving("worker-steady")
+    pids = {name: pid for name, pid in bench.pids().items() if name in serving}
 
     def cpu() -> dict[str, float]:
         used = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -334,7 +334,8 @@ async def _steno_level(bench: Bench, follower: BatchFollower, announcements: Ann
         return used
 
     writes_before, cpu_before = await _postgres_writes(conn), cpu()
-    replies, errors, slowest = await _streams(bench.steno_url, level, timeout_s)
+    async with bench.profiled(f"steady-{level}", serving):
+        replies, errors, slowest = await _streams(bench.steno_url, level, timeout_s)
     await follower.quiet(1.0, timeout_s)  # the last batches are in, the last commits landed
     cpu_after, writes_after = cpu(), await _postgres_writes(conn)
     emissions, batches, stamped = follower.take()

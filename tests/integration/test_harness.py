@@ -70,3 +70,22 @@ def test_the_parser_scenario_reads_a_chat_template_model_s_output(tmp_path, sett
     assert results["token_partitions"] == 3
     acquired = re.findall(r"acquired partition p(\d+)", (logs / "parser.log").read_text())
     assert set(map(int, acquired)) == {0, 1, 2}
+
+
+def test_a_profiled_run_says_where_each_service_s_time_went(tmp_path, settings):
+    """``--profile``: py-spy samples Steno's serving processes while Steno's side of a
+    scenario runs; the samples are kept and summed up per process."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "throughput",
+                           "--throughput-levels", "4", "--seconds", "3", "--profile", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    profiles = json.loads((out / "results.json").read_text())["profiles"]["throughput-4"]
+    assert set(profiles) == {"api-0", "parser", "worker"}
+    for name, profile in profiles.items():
+        assert profile["samples"] > 0, (name, profile)
+        assert (out / "profiles" / "throughput-4" / f"{name}.txt").stat().st_size > 0
+    on_stack = dict(profiles["parser"]["on_stack"])
+    assert any("services/parser/service.py" in function for function in on_stack), on_stack
+    assert any("services/api/responses.py" in function for function, _ in profiles["api-0"]["on_stack"])
+    assert "profile throughput-4:" in done.stdout and "  parser: " in done.stdout
