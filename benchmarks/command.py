@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs", type=Path, default=None,
                         help="keep the services' logs in this folder (default: a temporary one, removed)")
     parser.add_argument("--api-replicas", type=int, default=1,
-                        help="API processes; the ttfe and throughput streams are spread over them")
+                        help="API processes, sharing one port as `steno up --api N` runs them (the kernel spreads "
+                             "the streams' connections over them)")
     parser.add_argument("--token-partitions", type=int, default=DEFAULT_TOKEN_PARTITIONS,
                         help=f"the stack's STENO_TOKEN_PARTITIONS (default {DEFAULT_TOKEN_PARTITIONS}, the services' "
                              "default): a worker publishes a message per partition and engine step")

@@ -181,10 +181,10 @@ def _ttfe_summary(samples: list[dict[str, Any]], cpu: dict[str, float]) -> dict[
 
 
 @asynccontextmanager
-async def sse_clients(urls: list[str], streams: int) -> AsyncIterator[list[SseClient]]:
-    """One load-generator client per URL (API replica); stream ``i`` goes to ``i mod n``."""
-    async with AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(SseClient(url, connections=streams)) for url in urls]
+async def sse_client(url: str, streams: int) -> AsyncIterator[SseClient]:
+    """The load generator's client, with a connection for each of ``streams``."""
+    async with SseClient(url, connections=streams) as client:
+        yield client
 
 
 class Bench:
@@ -203,6 +203,7 @@ class Bench:
         self.stack = Stack(self.settings, work)
         self.baseline: ServiceProcess | None = None
         self.baseline_port = free_port()
+        self.shared_api_port = free_port() if api_replicas > 1 else None
         # Set where the run profiles (--profile).
         self.profiler: Profiler | None = None
 
@@ -214,7 +215,7 @@ class Bench:
         self.stack.add("worker-idle", "worker", "--model", IDLE_MODEL, "--sim-first-token-delay-ms", "3600000")
         self.stack.add("worker-slow", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "20")
         for _ in range(self.api_replicas):
-            self.stack.add_api()
+            self.stack.add_api(shared_port=self.shared_api_port)
         self.baseline = await self.start_baseline("baseline", self.baseline_port)
         await asyncio.sleep(3)  # the parser takes its partitions
 
@@ -245,12 +246,11 @@ class Bench:
 
     @property
     def steno_url(self) -> str:
+        """Where streams go: the API process, or the port that several share, as ``steno up
+        --api N`` runs them (the kernel spreads the connections over them)."""
+        if self.shared_api_port is not None:
+            return f"http://127.0.0.1:{self.shared_api_port}/v1/responses"
         return self.stack.base_url + "/responses"
-
-    @property
-    def steno_urls(self) -> list[str]:
-        """Every API replica's ``/responses``; streams are spread over them."""
-        return [self.stack.url_of(replica) + "/responses" for replica in range(self.api_replicas)]
 
     @property
     def baseline_url(self) -> str:
@@ -300,18 +300,18 @@ class Bench:
         meet the machine in the same state (a shared machine's speed drifts over minutes)
         and ``added`` compares like with like."""
         out: dict[str, Any] = {}
-        sides = {"steno": self.steno_urls, "baseline": [self.baseline_url]}
+        sides = {"steno": self.steno_url, "baseline": self.baseline_url}
         for level in levels:
             rounds = max(3, samples_wanted // level)
             samples: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
             client_cpu = dict.fromkeys(sides, 0.0)
             async with AsyncExitStack() as stack:
-                clients = {name: await stack.enter_async_context(sse_clients(urls, level))
-                           for name, urls in sides.items()}
+                clients = {name: await stack.enter_async_context(sse_client(url, level))
+                           for name, url in sides.items()}
                 # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
                 # server that has been serving; the first burst after a start measures start-up.
                 for side in clients.values():
-                    await asyncio.gather(*(one_stream(side[i % len(side)], "warm up") for i in range(level)))
+                    await asyncio.gather(*(one_stream(side, "warm up") for _ in range(level)))
                 before = self.cpu_by_process()
                 async with self.profiled(f"ttfe-{level}", self.serving()):
                     for block in range(0, rounds, ROUNDS_PER_BLOCK):
@@ -320,7 +320,7 @@ class Bench:
                             with collector_paused():
                                 for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
                                     samples[name] += await asyncio.gather(
-                                        *(one_stream(side[i % len(side)], f"ttfe {i}") for i in range(level)))
+                                        *(one_stream(side, f"ttfe {i}") for i in range(level)))
                             client_cpu[name] += time.process_time() - started
                 after = self.cpu_by_process()
             # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
@@ -349,13 +349,13 @@ class Bench:
                   flush=True)
         return out
 
-    async def _closed_loop(self, urls: list[str], level: int, seconds: float) -> dict[str, Any]:
+    async def _closed_loop(self, url: str, level: int, seconds: float) -> dict[str, Any]:
         deadline = time.perf_counter() + seconds
         samples: list[dict[str, Any]] = []
-        async with sse_clients(urls, level) as clients:
+        async with sse_client(url, level) as client:
             async def loop(i: int) -> None:
                 while time.perf_counter() < deadline:
-                    samples.append(await one_stream(clients[i % len(clients)], f"{i} {LONG_INPUT}"))
+                    samples.append(await one_stream(client, f"{i} {LONG_INPUT}"))
 
             with collector_paused():
                 started = time.perf_counter()
@@ -402,14 +402,14 @@ class Bench:
             backlogs = asyncio.create_task(self._stage_backlogs(stop_sampling))
             started = time.perf_counter()
             async with self.profiled(f"throughput-{level}", self.serving()):
-                steno = await self._closed_loop(self.steno_urls, level, seconds)
+                steno = await self._closed_loop(self.steno_url, level, seconds)
             wall = time.perf_counter() - started
             stop_sampling.set()
             after = self.cpu_by_process()
             steno["cpu_cores"] = {name: round((after[name] - used) / wall, 2) for name, used in before.items()
                                   if name != "baseline" and after[name] - used > 0}
             steno["stage_backlog"] = await backlogs
-            baseline = await self._closed_loop([self.baseline_url], level, seconds)
+            baseline = await self._closed_loop(self.baseline_url, level, seconds)
             out[str(level)] = {"steno": steno, "baseline": baseline,
                                "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
             print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
@@ -644,11 +644,11 @@ class Bench:
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
         result: dict[str, Any] = {"expired_responses": expired, "streams": level}
         try:
-            async with sse_clients(self.steno_urls, level) as clients:
+            async with sse_client(self.steno_url, level) as client:
                 async def rounds_of_streams(label: str, until: asyncio.Task | None = None) -> list[dict[str, Any]]:
                     samples: list[dict[str, Any]] = []
                     for _ in range(rounds):
-                        samples += await asyncio.gather(*(one_stream(clients[i % len(clients)], f"{label} {i}")
+                        samples += await asyncio.gather(*(one_stream(client, f"{label} {i}")
                                                           for i in range(level)))
                         if until is not None and until.done():
                             break
@@ -698,7 +698,7 @@ class Bench:
             for _ in range(STORAGE_LOAD_ROUNDS):
                 if await conn.fetchval("SELECT count(*) FROM response_events") >= STORAGE_MIN_EVENTS:
                     break
-                await self._closed_loop(self.steno_urls, STORAGE_LOAD_STREAMS, STORAGE_LOAD_S)
+                await self._closed_loop(self.steno_url, STORAGE_LOAD_STREAMS, STORAGE_LOAD_S)
             events = await conn.fetchval("SELECT count(*) FROM response_events")
             if events < STORAGE_MIN_EVENTS:
                 raise RuntimeError(f"storage: {STORAGE_LOAD_ROUNDS} rounds of {STORAGE_LOAD_S:.0f} s stored only "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_clients
+from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_client
 from steno.schemas.bus import token_partition_message, unpacked
 from steno.services.common.bus import connect
 
@@ -55,8 +55,7 @@ async def measure(streams: int, rounds: int, nice: dict[str, int]) -> dict[str, 
         await nc.subscribe(f"{namespace}.events.>", cb=on_announced)
         await nc.flush()
         after_send: dict[str, list[float]] = {step: [] for step in STEPS}
-        async with sse_clients(bench.steno_urls, streams) as clients:
-            client = clients[0]
+        async with sse_client(bench.steno_url, streams) as client:
 
             async def one(i: int) -> tuple[float, str, float, float]:
                 sent = time.perf_counter()

@@ -142,10 +142,13 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def add_api(self) -> ServiceProcess:
+    def add_api(self, shared_port: int | None = None) -> ServiceProcess:
+        """An API process on a port of its own (``url_of``), and also on ``shared_port``
+        with the other processes given it."""
         port = free_port()
         self.api_ports.append(port)
-        process = self.add(f"api-{len(self.api_ports) - 1}", "api", "--port", str(port))
+        shared = ["--shared-port", str(shared_port)] if shared_port is not None else []
+        process = self.add(f"api-{len(self.api_ports) - 1}", "api", *shared, "--port", str(port))
         wait_healthy(f"http://127.0.0.1:{port}", process)
         return process
 

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auth", action="store_true",
                         help="dev mode: accept requests without an API key (all in one tenant)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="API port (replica i listens on port+i)")
+    parser.add_argument("--port", type=int, default=8080,
+                        help="API port; with --api N > 1 every replica listens on it (the kernel spreads the "
+                             "connections) and replica i also on port+1+i, its own (health, metrics)")
     parser.add_argument("--api", type=int, default=1, help="API/edge replicas")
     parser.add_argument("--workers", type=int, default=1,
                         help="generation workers (vLLM: one per GPU; worker i gets GPU i when CUDA_VISIBLE_DEVICES "
@@ -148,13 +150,20 @@ async def wait_until_served(settings: Settings, model: str, workers: list[Servic
 
 
 def _children(args: argparse.Namespace) -> list[ServiceProcess]:
-    children = [ServiceProcess(f"api-{i}", ["api", "--host", args.host, "--port", str(args.port + i)])
-                for i in range(args.api)]
+    children = [ServiceProcess(f"api-{i}", api_argv(args.host, args.port, i, args.api)) for i in range(args.api)]
     children += [ServiceProcess(f"worker-{i}", [*worker_argv(args), "--metrics-port", str(free_port())])
                  for i in range(args.workers)]
     children += [ServiceProcess(f"parser-{i}", ["parser", "--metrics-port", str(free_port())])
                  for i in range(args.parsers)]
     return children
+
+
+def api_argv(host: str, port: int, replica: int, replicas: int) -> list[str]:
+    """One API process listens on ``port``; several share it, each with its own port
+    after it as well, last in the arguments (where its health and metrics are read)."""
+    if replicas == 1:
+        return ["api", "--host", host, "--port", str(port)]
+    return ["api", "--host", host, "--shared-port", str(port), "--port", str(port + 1 + replica)]
 
 
 def metrics_urls(host: str, children: list[ServiceProcess]) -> list[str]:
@@ -211,6 +220,9 @@ def run(args: argparse.Namespace) -> None:
         base = f"http://{args.host}:{args.port}"
         for child in children[: args.api]:
             wait_healthy(f"http://{args.host}:{child.argv[-1]}", child)
+        if args.api > 1:
+            say(f"{args.api} API processes share port {args.port}; each also listens on its own: "
+                + ", ".join(f"{child.name} {child.argv[-1]}" for child in children[: args.api]))
         say("metrics (with /healthz and /readyz beside them): " + ", ".join(metrics_urls(args.host, children)))
         model = served_model(args)
         if args.engine == "vllm":

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -183,3 +185,13 @@ async def stepping_together_in_one_partition(client: openai.AsyncOpenAI, model: 
             while (await client.responses.retrieve(rid)).status in ("queued", "in_progress"):
                 await asyncio.sleep(0.2)
     return started, pair
+
+
+def steno_up_ready(log_path: Path, up: subprocess.Popen[bytes], timeout_s: float = 120) -> str:
+    """What ``steno up`` (writing to ``log_path``) said by the time it was ready to serve."""
+    deadline = time.monotonic() + timeout_s
+    while "ready: base URL" not in log_path.read_text():
+        assert up.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.2)
+    return log_path.read_text()

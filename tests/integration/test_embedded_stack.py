@@ -5,12 +5,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import openai
 import pytest
 
 from steno.infra.embedded import answers, free_port
+from tests.conftest import steno_up_ready
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +26,7 @@ def test_steno_up_embedded_serves_the_sdk_and_stops_cleanly(tmp_path):
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 120
-        while "ready: base URL" not in log_path.read_text():
-            assert up.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        text = log_path.read_text()
+        text = steno_up_ready(log_path, up)
         assert f"base URL http://127.0.0.1:{port}/v1" in text
         nats_port = int(re.search(r"embedded nats-server on 127.0.0.1:(\d+)", text).group(1))
         assert nats_port != 4222
