@@ -180,13 +180,6 @@ def _ttfe_summary(samples: list[dict[str, Any]], cpu: dict[str, float]) -> dict[
                                    for process, used in cpu.items() if used > 0}}
 
 
-@asynccontextmanager
-async def sse_client(url: str, streams: int) -> AsyncIterator[SseClient]:
-    """The load generator's client, with a connection for each of ``streams``."""
-    async with SseClient(url, connections=streams) as client:
-        yield client
-
-
 class Bench:
     def __init__(self, work: Path, api_replicas: int = 1, token_partitions: int = DEFAULT_TOKEN_PARTITIONS) -> None:
         self.work = work
@@ -306,7 +299,7 @@ class Bench:
             samples: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
             client_cpu = dict.fromkeys(sides, 0.0)
             async with AsyncExitStack() as stack:
-                clients = {name: await stack.enter_async_context(sse_client(url, level))
+                clients = {name: await stack.enter_async_context(SseClient(url, connections=level))
                            for name, url in sides.items()}
                 # Warm at the measured concurrency: connections (HTTP, pools) are open, as in a
                 # server that has been serving; the first burst after a start measures start-up.
@@ -352,7 +345,7 @@ class Bench:
     async def _closed_loop(self, url: str, level: int, seconds: float) -> dict[str, Any]:
         deadline = time.perf_counter() + seconds
         samples: list[dict[str, Any]] = []
-        async with sse_client(url, level) as client:
+        async with SseClient(url, connections=level) as client:
             async def loop(i: int) -> None:
                 while time.perf_counter() < deadline:
                     samples.append(await one_stream(client, f"{i} {LONG_INPUT}"))
@@ -644,7 +637,7 @@ class Bench:
         pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
         result: dict[str, Any] = {"expired_responses": expired, "streams": level}
         try:
-            async with sse_client(self.steno_url, level) as client:
+            async with SseClient(self.steno_url, connections=level) as client:
                 async def rounds_of_streams(label: str, until: asyncio.Task | None = None) -> list[dict[str, Any]]:
                     samples: list[dict[str, Any]] = []
                     for _ in range(rounds):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct, sse_client
+from steno.benchmarks.harness import CONTENT_EVENTS, MODEL, Bench, pct
+from steno.benchmarks.sse_client import SseClient
 from steno.schemas.bus import token_partition_message, unpacked
 from steno.services.common.bus import connect
 
@@ -55,7 +56,7 @@ async def measure(streams: int, rounds: int, nice: dict[str, int]) -> dict[str, 
         await nc.subscribe(f"{namespace}.events.>", cb=on_announced)
         await nc.flush()
         after_send: dict[str, list[float]] = {step: [] for step in STEPS}
-        async with sse_client(bench.steno_url, streams) as client:
+        async with SseClient(bench.steno_url, connections=streams) as client:
 
             async def one(i: int) -> tuple[float, str, float, float]:
                 sent = time.perf_counter()
