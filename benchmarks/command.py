@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from steno.benchmarks.profiles import SAMPLES_PER_S
 from steno.services.common.config import Settings
 from steno.services.dialects.chat_template.families import FAMILIES
 
@@ -16,6 +17,13 @@ DEFAULT_TOKEN_PARTITIONS: int = Settings.model_fields["token_partitions"].defaul
 SCENARIOS = ["ttfe", "throughput", "parser", "fanout", "replay", "storage", "cancel", "retention", "affinity", "steady",
              "vllm"]
 EXTRA_HINT = "pip install 'steno[bench]'"
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+    return number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample each Steno process with py-spy while Steno's side of the ttfe, throughput and "
                              "steady scenarios runs: the samples and where each process's time went are written to "
                              "OUT/profiles and results.json (sampling costs the processes CPU of its own)")
+    parser.add_argument("--profile-rate", type=_positive, default=SAMPLES_PER_S,
+                        help=f"samples a second with --profile (default {SAMPLES_PER_S}; a short scenario's "
+                             "processes give few samples at that rate, and more cost py-spy more CPU beside them)")
     parser.add_argument("--ttfe-levels", default="1,16,128")
     parser.add_argument("--ttfe-samples", type=int, default=96, help="streams per level (at least 3 rounds)")
     parser.add_argument("--throughput-levels", default="8,32,128")

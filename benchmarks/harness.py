@@ -766,7 +766,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             work = args.logs
         bench = Bench(work, args.api_replicas, args.token_partitions)
         if args.profile:
-            bench.profiler = Profiler(args.out / "profiles")
+            bench.profiler = Profiler(args.out / "profiles", args.profile_rate)
         try:
             await bench.start()
             servers = machine["servers"] = await bench.server_versions()
@@ -804,6 +804,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await bench.stop()
     if bench.profiler is not None:
+        results["profile_samples_per_s"] = bench.profiler.samples_per_s
         results["profiles"] = bench.profiler.results
     machine["yardstick_ms_after"] = round(yardstick_ms(), 3)
     print(f"machine: yardstick {machine['yardstick_ms_after']} ms after the run")

@@ -74,13 +74,17 @@ def test_the_parser_scenario_reads_a_chat_template_model_s_output(tmp_path, sett
 
 def test_a_profiled_run_says_where_each_service_s_time_went(tmp_path, settings):
     """``--profile``: py-spy samples Steno's serving processes while Steno's side of a
-    scenario runs; the samples are kept and summed up per process."""
+    scenario runs, at the rate ``--profile-rate`` asks; the samples are kept and summed
+    up per process."""
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "throughput",
-                           "--throughput-levels", "4", "--seconds", "3", "--profile", "--out", str(out)],
+                           "--throughput-levels", "4", "--seconds", "3", "--profile", "--profile-rate", "250",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    profiles = json.loads((out / "results.json").read_text())["profiles"]["throughput-4"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["profile_samples_per_s"] == 250
+    profiles = results["profiles"]["throughput-4"]
     assert set(profiles) == {"api-0", "parser", "worker"}
     for name, profile in profiles.items():
         assert profile["samples"] > 0, (name, profile)

@@ -23,3 +23,12 @@ def test_an_unknown_scenario_is_refused_before_anything_starts():
     with pytest.raises(SystemExit) as exited:
         command.run(parsed("--scenarios", "parser,warp"))
     assert "warp" in str(exited.value)
+
+
+def test_the_profile_rate_is_a_positive_whole_number(capsys):
+    assert parsed("--profile", "--profile-rate", "1000").profile_rate == 1000
+    assert parsed().profile_rate == command.SAMPLES_PER_S
+    for refused in ("0", "-5", "fast"):
+        with pytest.raises(SystemExit):
+            parsed("--profile-rate", refused)
+    assert "--profile-rate" in capsys.readouterr().err
