@@ -46,10 +46,20 @@ SETTLE_S = 0.05
 
 class BusObserver:
     """When each response's messages crossed the bus (perf_counter), the first and the
-    last of each kind."""
+    last of each kind. One subscription for the namespace's subjects: its messages are
+    handled in the order the server sent them, so the times of one response's steps keep
+    the order the pipeline took them in (subscriptions of their own would each deliver
+    in a task of its own, and steps close together could be noted the wrong way round)."""
 
     def __init__(self) -> None:
         self.seen: dict[str, dict[str, float]] = {}
+        self._handlers = {"gen": self.on_queued, "tokens": self.on_batch, "events": self.on_announced}
+
+    async def on_message(self, msg: Msg) -> None:
+        kind = msg.subject.split(".", 2)[1]
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            await handler(msg)
 
     def mark(self, response_id: str | None, step: str, last_step: str | None = None) -> None:
         if not response_id:
@@ -87,9 +97,7 @@ async def measure(streams: int, nice: dict[str, int], *, rounds: int = 0,
         namespace = bench.settings.namespace
         nc = await connect(bench.settings, "stage-observer")
         observer = BusObserver()
-        await nc.subscribe(f"{namespace}.gen.>", cb=observer.on_queued)
-        await nc.subscribe(f"{namespace}.tokens.>", cb=observer.on_batch)
-        await nc.subscribe(f"{namespace}.events.>", cb=observer.on_announced)
+        await nc.subscribe(f"{namespace}.>", cb=observer.on_message)
         await nc.flush()
         async with SseClient(bench.steno_url, connections=streams) as client:
 

@@ -1,7 +1,8 @@
 """Where a request's time goes: every timed request is seen at every step, in the
-order the pipeline takes it, in bursts and in a closed loop. The observer's
-subscriptions each deliver in a task of their own, so steps seen on different subjects
-are compared by their medians; those of one source, request by request."""
+order the pipeline takes it, in bursts and in a closed loop. The bus's steps come
+through one subscription, in the order the server sent them, and the client's through
+one stream, so each keeps its order request by request; the two are compared by their
+medians, a whole stage apart."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ async def test_a_closed_loop_times_each_request_from_its_own_sending(settings):
     requests = _per_request(after_send)
     assert len(requests) >= 8
     for times in requests:
-        assert times["queued"] > 0
-        assert times["batch"] <= times["last batch"] and times["announced"] <= times["last announced"]
+        assert 0 < times["queued"] <= times["batch"] <= times["last batch"] <= times["last announced"]
+        assert times["batch"] <= times["announced"] <= times["last announced"]
         assert times["created"] <= times["content"] <= times["done"]
     median = {step: pct(values, .5) for step, values in after_send.items()}
-    assert median["queued"] < median["batch"] <= median["last batch"] < median["last announced"] < median["done"]
+    assert median["batch"] < median["content"]
     printed = report(after_send, "the request")
     assert "ms after the request was sent" in printed
     assert all(f"\n{step:15} " in printed for step in STEPS)
@@ -41,6 +42,7 @@ async def test_bursts_time_each_request_from_its_burst(settings):
     requests = _per_request(after_send)
     assert len(requests) == 4 * 2
     for times in requests:
-        assert times["queued"] > 0 and times["created"] <= times["content"]
+        assert 0 < times["queued"] <= times["batch"] <= times["announced"]
+        assert times["created"] <= times["content"]
     median = {step: pct(values, .5) for step, values in after_send.items()}
-    assert median["queued"] < median["batch"] < median["announced"] < median["content"]
+    assert median["batch"] < median["content"]
