@@ -41,7 +41,6 @@ def service_env(settings: ApiSettings) -> dict[str, str]:
         "STENO_NATS_URL": settings.nats_url,
         "STENO_DATABASE_URL": settings.database_url,
         "STENO_NAMESPACE": settings.namespace,
-        "STENO_TOKEN_PARTITIONS": str(settings.token_partitions),
         "STENO_STREAM_REPLICAS": str(settings.stream_replicas),
         "STENO_MODEL_WAIT_S": str(settings.model_wait_s),
         "STENO_AUTH": "disabled" if settings.auth_disabled else "required",
@@ -51,6 +50,11 @@ def service_env(settings: ApiSettings) -> dict[str, str]:
         "STENO_LOG_FORMAT": settings.log_format,
         "STENO_LOG_CONTENT": str(settings.log_content).lower(),
     }
+    # Left to each service when not chosen: it takes the deployment's existing count.
+    if settings.token_partitions_chosen:
+        env["STENO_TOKEN_PARTITIONS"] = str(settings.token_partitions)
+    else:
+        env.pop("STENO_TOKEN_PARTITIONS", None)
     if settings.otlp_endpoint is None:
         env.pop("STENO_OTLP_ENDPOINT", None)
     else:

@@ -78,13 +78,13 @@ class Api:
 
     @classmethod
     async def open(cls, settings: ApiSettings) -> Api:
-        names = bus.Names.from_settings(settings)
         resources = AsyncExitStack()
         try:
             await asyncio.to_thread(dialects.load_all)
             nc = await bus.connect(settings, "steno-api")
             resources.push_async_callback(nc.close)
             js = nc.jetstream()
+            names = await bus.deployment_names(js, bus.Names.from_settings(settings))
             await bus.ensure_streams(js, names)
             publisher = StoredPublisher(nc)
             await publisher.start()

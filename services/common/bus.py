@@ -4,8 +4,8 @@ Subjects (``ns`` is the deployment namespace):
   ``ns.gen.<model>``                       GenerationRequest, work-queue stream ``NS_GEN``
   ``ns.gen.<model>.affinity.<shard>``      the same, for requests with a ``prompt_cache_key``
   ``ns.tokens.<p>.<response_id>``          TokenBatch (the last carries its GenerationEnded), stream ``NS_TOKENS``
-                                           (its description names the partition count; a process set to
-                                           another refuses to start)
+                                           (its description names the partition count, which a process
+                                           not set to a count takes and one set to another refuses)
   ``ns.events.<origin>``                   AnnouncedEvents, core NATS (``origin``: an API process; the
                                            responses it made and those it follows)
 KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
@@ -25,7 +25,7 @@ import string
 import zlib
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TypeVar
 
@@ -43,7 +43,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError, ServiceUnavailableError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -103,6 +103,9 @@ class Names:
     token_partitions: int
     replicas: int = 1
     affinity_shards: int = AFFINITY_SHARDS
+    # Whether ``token_partitions`` was asked for (STENO_TOKEN_PARTITIONS), rather than
+    # the default, which gives way to the count an existing token stream was made for.
+    partitions_chosen: bool = True
 
     @property
     def gen_stream(self) -> str:
@@ -186,7 +189,8 @@ class Names:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Names:
-        return cls(settings.namespace, settings.token_partitions, settings.stream_replicas)
+        return cls(settings.namespace, settings.token_partitions, settings.stream_replicas,
+                   partitions_chosen=settings.token_partitions_chosen)
 
 
 async def connect(nats_config: Settings | NatsOptions, name: str, *, max_reconnect_attempts: int = -1) -> Client:
@@ -257,10 +261,47 @@ def _refuse_other_partitions(existing: StreamConfig, names: Names) -> None:
     without a word."""
     described = _DESCRIBED_PARTITIONS.search(existing.description or "")
     if described is not None and int(described.group(1)) != names.token_partitions:
-        raise PartitionCountMismatch(
-            f"the token stream {existing.name} was made for {described.group(1)} partitions and this process is "
-            f"set to {names.token_partitions} (STENO_TOKEN_PARTITIONS): every service of a deployment must use "
-            "the same count, chosen before its first start (docs/deployment.md)")
+        raise _mismatch(names, int(described.group(1)))
+
+
+def _mismatch(names: Names, made_for: int) -> PartitionCountMismatch:
+    return PartitionCountMismatch(
+        f"the token stream {names.tokens_stream} was made for {made_for} partitions and this process is "
+        f"set to {names.token_partitions} (STENO_TOKEN_PARTITIONS): every service of a deployment must use "
+        "the same count, chosen before its first start (docs/deployment.md)")
+
+
+_PARSER_CONSUMER = re.compile(r"parser-p(\d+)")
+
+
+async def _existing_partitions(js: JetStreamContext, names: Names) -> int | None:
+    """The count the deployment's token stream was made for: as its description names
+    it, or, for a stream from a release that did not name it, one more than the highest
+    partition its parsers' consumers read; None for a new deployment."""
+    try:
+        existing = await js.stream_info(names.tokens_stream)
+    except NotFoundError:
+        return None
+    described = _DESCRIBED_PARTITIONS.search(existing.config.description or "")
+    if described is not None:
+        return int(described.group(1))
+    partitions = [int(match.group(1)) for consumer in await js.consumers_info(names.tokens_stream)
+                  if (match := _PARSER_CONSUMER.fullmatch(consumer.config.durable_name or "")) is not None]
+    return max(partitions) + 1 if partitions else None
+
+
+async def deployment_names(js: JetStreamContext, names: Names) -> Names:
+    """``names`` with the partition count of the deployment's token stream. A process
+    set to a count of its own must match it (PartitionCountMismatch otherwise); one left
+    at the default takes it, so the default applies to new deployments only and one made
+    with another default keeps its count across an upgrade without naming it."""
+    existing = await patiently(lambda: _existing_partitions(js, names), f"reading stream {names.tokens_stream}")
+    if existing is None or existing == names.token_partitions:
+        return names
+    if names.partitions_chosen:
+        raise _mismatch(names, existing)
+    log.info("token stream %s: %d partitions, as it was made", names.tokens_stream, existing)
+    return replace(names, token_partitions=existing)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig,
@@ -279,7 +320,8 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig,
 
 
 async def ensure_streams(js: JetStreamContext, names: Names) -> None:
-    """Declares the streams idempotently; every service calls this at start."""
+    """Declares the streams idempotently; every service calls this at start, with the
+    names ``deployment_names`` gave it."""
     await _ensure_stream(
         js,
         StreamConfig(

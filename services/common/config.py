@@ -21,7 +21,9 @@ class Settings(BaseSettings):
     # Prefix of every subject, stream, consumer and bucket, so several stacks (or test
     # runs) can share one NATS server without seeing each other's work.
     namespace: str = "steno"
-    token_partitions: int = Field(default=16, ge=1)
+    # The token stream's partitions for a new deployment; a process not set to a count
+    # takes the one its deployment's stream was made for (bus.deployment_names).
+    token_partitions: int = Field(default=4, ge=1)
     # JetStream replication of Steno's streams and buckets (3 on a 3-node cluster).
     stream_replicas: int = Field(default=1, ge=1)
     # NATS authentication and TLS beyond what STENO_NATS_URL carries (nats_options.py):
@@ -71,9 +73,17 @@ class Settings(BaseSettings):
     def from_env(cls) -> Self:
         return cls()
 
+    @property
+    def token_partitions_chosen(self) -> bool:
+        """Whether the partition count was asked for (the variable, or an argument),
+        rather than left at the default."""
+        return "token_partitions" in self.model_fields_set
+
     def with_changes(self, **changes: Any) -> Self:
-        """These settings with some changed, checked again (``model_copy`` checks nothing)."""
-        return type(self)(**{**self.model_dump(), **changes})
+        """These settings with some changed, checked again (``model_copy`` alone checks
+        nothing); what was left at its default stays so (``token_partitions_chosen``)."""
+        checked = type(self)(**{**self.model_dump(), **changes})
+        return self.model_copy(update={name: getattr(checked, name) for name in changes})
 
 
 class ApiSettings(Settings):

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> None:
         nc = await bus.connect(settings, "steno-parser")
         pools = await create_parser_pools(settings.database_url)
         parser_id = instance_id()
-        names = bus.Names.from_settings(settings)
+        names = await bus.deployment_names(nc.jetstream(), bus.Names.from_settings(settings))
         service = ParserService(nc, pools, names, parser_id)
         task = asyncio.create_task(service.run())
         probes = await serve_probes(args.metrics_port if args.metrics_port is not None else settings.metrics_port,

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> None:
         # them stalls every stream here (docs/performance.md).
         tune_garbage_collector()
         nc = await bus.connect(settings, f"steno-worker-{args.model}")
-        names = bus.Names.from_settings(settings)
+        names = await bus.deployment_names(nc.jetstream(), bus.Names.from_settings(settings))
         worker = GenerationWorker(
             nc,
             names,

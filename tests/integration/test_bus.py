@@ -12,10 +12,11 @@ import openai
 import pytest
 from nats.js.api import RetentionPolicy, StreamConfig
 
+from steno.infra import stack as steno_up
 from steno.infra.embedded import free_port
 from steno.infra.processes import ServiceProcess, Stack, wait_healthy
 from steno.services.common import bus
-from steno.services.common.config import ApiSettings
+from steno.services.common.config import ApiSettings, Settings
 from tests.fault.infra import NatsNode
 
 pytestmark = pytest.mark.integration
@@ -150,4 +151,78 @@ async def test_a_token_stream_made_before_it_named_its_partitions_takes_the_firs
             await bus.ensure_streams(js, bus.Names(names.namespace, settings.token_partitions * 2))
     finally:
         await bus.remove_namespace(js, names)
+        await nc.close()
+
+
+def left_at_the_default_count(settings: ApiSettings, **changes: object) -> ApiSettings:
+    """``settings`` as a deployment that never set STENO_TOKEN_PARTITIONS has them."""
+    return ApiSettings(**settings.model_dump(exclude={"token_partitions"})).with_changes(**changes)
+
+
+async def test_services_left_at_the_default_count_serve_a_stream_made_for_another(settings: ApiSettings,
+                                                                                   tmp_path: Path):
+    """An upgrade across a change of the default: the deployment's token stream was made
+    for another count, and nothing names it. Each service takes the stream's count, so
+    every partition the workers publish on keeps a parser, and streams go on."""
+    stack = Stack(left_at_the_default_count(settings, namespace=settings.namespace + "made", auth_disabled=True),
+                  tmp_path)
+    assert not stack.settings.token_partitions_chosen
+    made_for = Settings.model_fields["token_partitions"].default + 3
+    made = bus.Names(stack.settings.namespace, made_for)
+    nc = await bus.connect(stack.settings, "steno-test")
+    js = nc.jetstream()
+    try:
+        await bus.ensure_streams(js, made)
+        services = [stack.add("parser", "parser"), stack.add("worker", "worker")]
+        assert await steno_up.wait_until_served(stack.settings, "steno-simulator", services, 60, print,
+                                                lambda: False)
+        services.append(stack.add_api())
+        client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+        # Until every partition has had a response (ids are random; ten rounds are plenty).
+        partitions: set[int] = set()
+        for _ in range(10):
+            responses = await asyncio.gather(*[client.responses.create(model="steno-simulator", input=f"Say {n}")
+                                               for n in range(made_for)])
+            assert {response.status for response in responses} == {"completed"}, stack.logs()
+            partitions |= {bus.partition_of(response.id, made_for) for response in responses}
+            if len(partitions) == made_for:
+                break
+        assert partitions == set(range(made_for))
+        consumers = {consumer.config.durable_name for consumer in await js.consumers_info(made.tokens_stream)}
+        assert consumers == {made.parser_consumer(p) for p in range(made_for)}
+        described = (await js.stream_info(made.tokens_stream)).config.description
+        assert f" in {made_for} partitions " in described
+        for process in services:
+            assert process.exited() is None, process.log_text()
+            assert f"{made_for} partitions, as it was made" in process.log_text(), process.log_text()
+    finally:
+        stack.stop()
+        await bus.remove_namespace(js, made)
+        await nc.close()
+
+
+async def test_the_deployment_s_count_comes_from_its_stream_or_its_parsers_consumers(settings: ApiSettings):
+    """A new deployment takes the process's count; an existing stream that names no
+    count (from a release before it named one) is read by its parsers' consumers, and a
+    count asked for must match it."""
+    defaulted = bus.Names.from_settings(left_at_the_default_count(settings, namespace=settings.namespace + "old"))
+    nc = await bus.connect(settings, "steno-test")
+    js = nc.jetstream()
+    try:
+        assert await bus.deployment_names(js, defaulted) == defaulted
+        await js.add_stream(StreamConfig(name=defaulted.tokens_stream, subjects=[f"{defaulted.namespace}.tokens.>"],
+                                         retention=RetentionPolicy.LIMITS))
+        assert await bus.deployment_names(js, defaulted) == defaulted  # no parser has read it yet
+        made_for = defaulted.token_partitions + 2
+        for partition in range(made_for):
+            await js.add_consumer(defaulted.tokens_stream, bus.durable_pull_config(
+                defaulted.parser_consumer(partition), defaulted.tokens_partition_filter(partition), 1, 10))
+        assert (await bus.deployment_names(js, defaulted)).token_partitions == made_for
+        chosen = bus.Names(defaulted.namespace, made_for)
+        assert await bus.deployment_names(js, chosen) == chosen
+        with pytest.raises(bus.PartitionCountMismatch, match=f"made for {made_for} partitions and this process is "
+                                                             f"set to {made_for - 1} "):
+            await bus.deployment_names(js, bus.Names(defaulted.namespace, made_for - 1))
+    finally:
+        await bus.remove_namespace(js, defaulted)
         await nc.close()

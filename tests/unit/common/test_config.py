@@ -98,6 +98,19 @@ def test_changed_settings_are_checked_again() -> None:
         settings.with_changes(token_partitions=0)
 
 
+def test_the_partition_count_is_chosen_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count left at the default gives way to the deployment's stream (bus.deployment_names),
+    through every change of the other settings; one asked for does not."""
+    defaulted = ApiSettings(namespace="a")
+    assert not defaulted.token_partitions_chosen
+    assert not defaulted.with_changes(namespace="b", model_wait_s=3).token_partitions_chosen
+    assert defaulted.with_changes(token_partitions=8).token_partitions_chosen
+    monkeypatch.setenv("STENO_TOKEN_PARTITIONS", "16")
+    from_env = ApiSettings.from_env()
+    assert (from_env.token_partitions, from_env.token_partitions_chosen) == (16, True)
+    assert from_env.with_changes(namespace="b").token_partitions_chosen
+
+
 def test_a_refused_setting_is_described_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STENO_LOG_FORMAT", "xml")
     monkeypatch.setenv("STENO_AUTH", "off")
