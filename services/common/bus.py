@@ -97,6 +97,9 @@ def affinity_shard(tenant: str, prompt_cache_key: str, shards: int) -> int:
     return zlib.crc32(f"{tenant}\0{prompt_cache_key}".encode()) % shards
 
 
+_PARSER_CONSUMER_PREFIX = "parser-p"
+
+
 @dataclass(frozen=True)
 class Names:
     namespace: str
@@ -140,7 +143,13 @@ class Names:
         return f"{self.namespace}.tokens.{partition}.>"
 
     def parser_consumer(self, partition: int) -> str:
-        return f"parser-p{partition}"
+        return f"{_PARSER_CONSUMER_PREFIX}{partition}"
+
+    @staticmethod
+    def parser_consumer_partition(durable: str) -> int | None:
+        """The partition a ``parser_consumer`` name reads; None for any other name."""
+        partition = durable.removeprefix(_PARSER_CONSUMER_PREFIX)
+        return int(partition) if partition != durable and partition.isdigit() else None
 
     def events_subject(self, origin: str) -> str:
         """Committed events of every response one API process made or follows."""
@@ -271,9 +280,6 @@ def _mismatch(names: Names, made_for: int) -> PartitionCountMismatch:
         "the same count, chosen before its first start (docs/deployment.md)")
 
 
-_PARSER_CONSUMER = re.compile(r"parser-p(\d+)")
-
-
 async def _existing_partitions(js: JetStreamContext, names: Names) -> int | None:
     """The count the deployment's token stream was made for: as its description names
     it, or, for a stream from a release that did not name it, one more than the highest
@@ -285,8 +291,8 @@ async def _existing_partitions(js: JetStreamContext, names: Names) -> int | None
     described = _DESCRIBED_PARTITIONS.search(existing.config.description or "")
     if described is not None:
         return int(described.group(1))
-    partitions = [int(match.group(1)) for consumer in await js.consumers_info(names.tokens_stream)
-                  if (match := _PARSER_CONSUMER.fullmatch(consumer.config.durable_name or "")) is not None]
+    partitions = [partition for consumer in await js.consumers_info(names.tokens_stream)
+                  if (partition := Names.parser_consumer_partition(consumer.config.durable_name or "")) is not None]
     return max(partitions) + 1 if partitions else None
 
 
