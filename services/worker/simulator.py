@@ -73,6 +73,10 @@ class StepClock:
     def _reach(self, step: int) -> None:
         self._steps.pop(step).set()
 
+    def passed(self, when: float) -> bool:
+        """Whether the step a token due at ``when`` comes out on has already come."""
+        return math.ceil(when / self._step_s) * self._step_s <= time.monotonic()
+
 
 _DIRECTIVE = re.compile(r"(?:^|\n)steno-simulator: call ([\w.-]+)[ \n]?(.*)\Z", re.S)
 # A word the dialects' vocabularies hold as one token, to pad answers with.
@@ -221,16 +225,25 @@ class SimulatorEngine:
         if timing.first_token_delay_s:
             await asyncio.sleep(timing.first_token_delay_s)
         try:
-            for offset in range(0, len(tokens), step):
+            offset = 0
+            while offset < len(tokens):
                 if request_id in self._aborted:
                     yield EngineOutput([], finish_reason="cancelled", cached_tokens=cached_tokens)
                     return
+                count = step
                 if self._steps is not None:
                     await self._steps.until(started + offset / timing.tokens_per_s)
+                    # A reader that fell steps behind gets the tokens of every step it
+                    # missed in one output, as vLLM's output collector merges them, not
+                    # one output per step in a burst.
+                    while offset + count < len(tokens) and self._steps.passed(
+                            started + (offset + count) / timing.tokens_per_s):
+                        count += 1
                 else:
                     await asyncio.sleep(0)
-                chunk = tokens[offset: offset + step]
-                last = offset + step >= len(tokens)
+                chunk = tokens[offset: offset + count]
+                offset += count
+                last = offset >= len(tokens)
                 yield EngineOutput(chunk, finish_reason=finish if last else None, cached_tokens=cached_tokens)
             if not tokens:
                 yield EngineOutput([], finish_reason=finish, cached_tokens=cached_tokens)

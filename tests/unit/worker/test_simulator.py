@@ -1,6 +1,7 @@
 import asyncio
 import json
 import re
+import time
 
 import jsonschema
 import lark
@@ -116,6 +117,25 @@ def test_requests_started_apart_get_their_tokens_on_the_same_steps():
     while_both_ran = [tick for tick in second if tick <= first[-1]]
     assert len(while_both_ran) > 5
     assert all(any(abs(tick - other) <= 1 for other in first) for tick in while_both_ran)
+
+
+def test_a_reader_steps_behind_gets_the_missed_steps_tokens_in_one_output():
+    """As vLLM's output collector merges the deltas a slow reader has not taken: a burst
+    of one-token outputs would reach the batcher as if the engine had sped up."""
+    engine = SimulatorEngine(harmony(), SimulatorTiming(tokens_per_s=100))  # a step every 10 ms
+
+    async def read_with_a_stall() -> list[list[int]]:
+        outputs = []
+        async for output in engine.generate("r", prompt("a long enough request"), SamplingParams()):
+            outputs.append(output.token_ids)
+            if len(outputs) == 3:
+                time.sleep(0.105)  # the loop blocked: ten steps go by unread
+        return outputs
+
+    outputs = asyncio.run(read_with_a_stall())
+    assert sum(outputs, []) == simulated("a long enough request")
+    assert len(outputs[3]) >= 10
+    assert len(outputs) <= len(simulated("a long enough request")) - 9
 
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather",
