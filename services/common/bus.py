@@ -149,7 +149,7 @@ class Names:
     def parser_consumer_partition(durable: str) -> int | None:
         """The partition a ``parser_consumer`` name reads; None for any other name."""
         partition = durable.removeprefix(_PARSER_CONSUMER_PREFIX)
-        return int(partition) if partition != durable and partition.isdigit() else None
+        return int(partition) if partition != durable and partition.isdecimal() else None
 
     def events_subject(self, origin: str) -> str:
         """Committed events of every response one API process made or follows."""
