@@ -41,6 +41,7 @@ import time
 import timeit
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +105,29 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+@dataclass
+class PausedBlock:
+    # This process's CPU seconds within the block, the collection after it left out.
+    cpu_s: float = 0.0
+
+
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[PausedBlock]:
     """This process's cyclic garbage collector off while streams are measured, as
     ``timeit`` turns it off while it times. This process is the load generator and
     stamps each delta's arrival; a full collection over what a level has recorded paused
     it for about a tenth of a second at a time, and every delta that arrived meanwhile
     was stamped late, on both sides (docs/performance.md). What the collector would have
-    freed meanwhile is collected after."""
+    freed meanwhile is collected after, once the block's CPU is read: that collection
+    runs while no stream does, and costs more than the streams of a short block."""
     enabled = gc.isenabled()
     gc.disable()
+    block = PausedBlock()
+    started = time.process_time()
     try:
-        yield
+        yield block
     finally:
+        block.cpu_s = time.process_time() - started
         if enabled:
             gc.enable()
         gc.collect()
@@ -309,12 +320,11 @@ class Bench:
                 async with self.profiled(f"ttfe-{level}", self.serving()):
                     for block in range(0, rounds, ROUNDS_PER_BLOCK):
                         for name, side in clients.items():
-                            started = time.process_time()
-                            with collector_paused():
+                            with collector_paused() as paused:
                                 for _ in range(min(ROUNDS_PER_BLOCK, rounds - block)):
                                     samples[name] += await asyncio.gather(
                                         *(one_stream(side, f"ttfe {i}") for i in range(level)))
-                            client_cpu[name] += time.process_time() - started
+                            client_cpu[name] += paused.cpu_s
                 after = self.cpu_by_process()
             # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
             used = {process: after[process] - before[process] for process in before if process != "client"}

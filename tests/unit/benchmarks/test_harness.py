@@ -1,4 +1,5 @@
 import gc
+import time
 import weakref
 
 from steno.benchmarks.harness import collector_paused
@@ -32,3 +33,17 @@ def test_a_collector_already_off_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_paused_block_s_cpu_leaves_out_the_collection_after_it():
+    gc.collect()
+    with collector_paused() as paused:
+        started = time.process_time()
+        for _ in range(300_000):  # cycles the collection after the block has to walk and free
+            pair = [Node()]
+            pair.append(pair)
+        within = time.process_time() - started
+    after = time.process_time() - started
+    collection = after - paused.cpu_s
+    assert collection > 0.02  # what the block must leave out is not negligible here
+    assert within <= paused.cpu_s < within + 0.005
