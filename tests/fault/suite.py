@@ -37,7 +37,7 @@ import orjson
 
 from steno.infra.embedded import free_port
 from steno.infra.processes import Stack, wait_healthy
-from steno.schemas.bus import TokenBatch
+from steno.schemas.bus import GenerationEnded, TokenBatch
 from steno.services.common.bus import Names, partition_of
 from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.migrate import ensure_database, upgrade
@@ -53,6 +53,12 @@ BUSY_LOOP = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotoni
 # What the parsers and workers count when they take work over (services/common/metrics.py).
 TAKEOVER_METRICS = ("steno_partitions_taken_over_total", "steno_work_redelivered_total")
 MODEL = "steno-fault"
+# When a failure comes, in seconds after the clients start (the streams last about 4.5 s).
+# A poisoned batch that breaks the parser fails its response on its fourth delivery,
+# about 2 s after the first (the parser's retry backoff): injected later, it could see
+# the stream end first, and then be a duplicate of an ended stream.
+INJECTED_AFTER_S = {"poison": (0.2, 1.0)}
+DEFAULT_INJECTED_AFTER_S = (1.0, 2.5)
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
 
@@ -134,11 +140,17 @@ async def stream_client(stack: Stack, index: int, rng: random.Random, deadline: 
 
 
 async def poison(settings: Settings, response_id: str) -> None:
-    """A batch no parser can digest (a token id that is not a token)."""
+    """A batch no parser can digest (a token id that is not a token), as the first of a
+    later attempt, so that it comes next wherever the live stream stands. It ends its
+    attempt, as a worker's last batch does: the live attempt's batches that follow are
+    duplicates of an earlier one, and an attempt that never ended would leave the
+    response waiting for good."""
     names = Names.from_settings(settings)
     nc = await nats.connect(settings.nats_url.split(","))
     try:
-        batch = TokenBatch(response_id=response_id, attempt=1000, batch_no=0, token_ids=[-1])
+        ended = GenerationEnded(response_id=response_id, attempt=1000, batch_count=1, finish_reason="stop",
+                                prompt_tokens=0, output_tokens=1)
+        batch = TokenBatch(response_id=response_id, attempt=1000, batch_no=0, token_ids=[-1], ended=ended)
         await nc.jetstream().publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
     finally:
         await nc.close()
@@ -330,7 +342,7 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
         deadline = time.monotonic() + 150
         clients = [asyncio.create_task(stream_client(stack, i, random.Random(rng.random()), deadline))
                    for i in range(streams)]
-        await asyncio.sleep(rng.uniform(1.0, 2.5))
+        await asyncio.sleep(rng.uniform(*INJECTED_AFTER_S.get(failure, DEFAULT_INJECTED_AFTER_S)))
         records_so_far = []
         while not records_so_far:
             await asyncio.sleep(0.1)

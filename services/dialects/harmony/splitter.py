@@ -84,6 +84,10 @@ class HarmonyStreamSplitter:
                     )
                 self._state = _HEADER
             elif token != grammar.message_token:
+                # Harmony's parser reads a header only at its <|message|>, which an engine
+                # that emitted a token outside the vocabulary may never send.
+                if not grammar.knows(token):
+                    return self._break(fragments, f"Unknown token {token} in a message header")
                 self._header.append(token)
             else:
                 header = grammar.header(self._first_message, tuple(self._header))
@@ -161,6 +165,16 @@ class HarmonyGrammar:
             data = self._encoding.decode([token], errors="surrogateescape").encode("utf-8", "surrogateescape")
             self._bytes[token] = data
         return data
+
+    def knows(self, token: int) -> bool:
+        """Whether ``token`` is one of the encoding's."""
+        if token in self._bytes:
+            return True
+        try:
+            self.bytes_of(token)
+        except (HarmonyError, OverflowError):
+            return False
+        return True
 
     def text_of(self, token: int) -> str:
         """The text a content token reads as by itself: empty for a stop token, a token

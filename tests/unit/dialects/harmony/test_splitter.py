@@ -108,6 +108,16 @@ def test_grammar_violation_is_reported_not_raised():
     assert messages_of(fragments)[0][2] == "ok"
 
 
+def test_a_token_outside_the_vocabulary_in_a_header_is_reported_at_once():
+    enc = encoding()
+    tokens = completion([assistant("analysis", "thinking"), assistant("final", "ok")])
+    second_header = tokens.index(enc.encode("<|start|>", allowed_special="all")[0]) + 1
+    for unknown in (-1, 10**9):
+        _, fragments = split_all([*tokens[:second_header], unknown, *tokens[second_header:]], [])
+        assert messages_of(fragments) == [["analysis", None, "thinking"]]
+        assert isinstance(fragments[-1], MalformedOutput) and str(unknown) in fragments[-1].detail
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     reasoning=st.text(min_size=1, max_size=40),
