@@ -137,6 +137,16 @@ def separate_stack(settings: ApiSettings, suffix: str, log_dir: Path) -> Iterato
         remove_namespace(stack.settings)
 
 
+def started_in_background(client: openai.OpenAI, model: str, prompt: str, timeout_s: float = 20):
+    """A background response, once its output has begun (a worker is generating it)."""
+    created = client.responses.create(model=model, input=prompt, background=True)
+    deadline = time.monotonic() + timeout_s
+    while not client.responses.retrieve(created.id).output:
+        assert time.monotonic() < deadline, f"{created.id} never started"
+        time.sleep(0.1)
+    return created
+
+
 def reparses_identically(settings: ApiSettings, response_id: str) -> bool:
     """What ``steno audit verify`` says: the response's stored tokens re-parse into its
     log, byte for byte, its snapshot is the fold of its log, and its hashes chain."""

@@ -481,13 +481,20 @@ class GenerationWorker:
             completed_at=int(time.time()),
         )
         await publish_batch(tail, ended)
-        # Unconfirmed: were the ack lost, the redelivered request finds its end published.
-        await msg.ack()
+        if self._held.lapsed(msg):
+            # Another worker may be continuing it (its later attempt supersedes this one's
+            # end): that one settles it, or, were it to die, the request comes back and
+            # its next attempt finds the response's end, wherever it was published.
+            log.warning("%s attempt %d: held past its ack wait, so left for a later attempt to settle",
+                        rid, attempt)
+        else:
+            # Unconfirmed: were the ack lost, the redelivered request finds its end published.
+            await msg.ack()
+            if isinstance(work, StoredGenerationRequest):
+                with suppress(Exception):  # it expires anyway; a redelivery finds the end published
+                    await self._requests.delete(work.name)
         GENERATIONS.labels(self._model, finish).inc()
         PROMPT_TOKENS.labels(self._model).inc(len(request.prompt_token_ids))
-        if isinstance(work, StoredGenerationRequest):
-            with suppress(Exception):  # it expires anyway; a redelivery finds the end published
-                await self._requests.delete(work.name)
         # The usual ending is not news, and a line for every request costs a formatted
         # record and a write each; a retried attempt, an error or a cancel is news.
         level = logging.DEBUG if attempt == 0 and finish in ("stop", "length") else logging.INFO

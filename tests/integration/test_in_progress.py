@@ -1,6 +1,7 @@
 """Messages held through one in-progress timer, against a real JetStream consumer with
 the services' ack wait: held, a message outlives its ack wait many times over; released
-unacked (its holder gone), it is delivered again, alone."""
+unacked (its holder gone), it is delivered again, alone; held by a holder frozen past
+the ack wait, it is another delivery's, and the holder knows it."""
 
 import asyncio
 import secrets
@@ -16,7 +17,10 @@ from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 pytestmark = pytest.mark.integration
 
 
-async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wait(settings):
+@pytest.fixture
+async def holder(settings):
+    """A holder of a fresh consumer with the services' ack wait: the JetStream context,
+    the consumer's subject, what it holds, and its pull."""
     nc = await nats.connect(settings.nats_url)
     js = nc.jetstream()
     stream = f"{settings.namespace.upper()}_HELD_{secrets.token_hex(3).upper()}"
@@ -27,6 +31,23 @@ async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wai
     held = InProgress()
     feed = ContinuousPull(nc, stream, "holder", batch=10, held=held)
     await feed.start()
+    try:
+        yield js, subject, held, feed
+    finally:
+        await feed.stop()
+        await js.delete_stream(stream)
+        await nc.close()
+
+
+async def received(feed: ContinuousPull, count: int) -> list:
+    messages = await asyncio.wait_for(feed.next_messages(10), 5 * ACK_WAIT_S)
+    while len(messages) < count:
+        messages += await asyncio.wait_for(feed.next_messages(10), 5 * ACK_WAIT_S)
+    return messages
+
+
+async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wait(holder):
+    js, subject, held, feed = holder
 
     async def beating() -> None:
         while True:
@@ -37,9 +58,7 @@ async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wai
     try:
         for n in range(3):
             await js.publish(subject, f"m{n}".encode())
-        first = await feed.next_messages(10)
-        while len(first) < 3:
-            first += await feed.next_messages(10)
+        first = await received(feed, 3)
         assert len(held) == 3  # held from their arrival, before anyone took them
         await asyncio.sleep(4 * ACK_WAIT_S)
         with pytest.raises(TimeoutError):
@@ -54,6 +73,33 @@ async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wai
     finally:
         beats.cancel()
         await asyncio.gather(beats, return_exceptions=True)
-        await feed.stop()
-        await js.delete_stream(stream)
-        await nc.close()
+
+
+async def test_a_holder_late_past_the_ack_wait_knows_its_ack_is_not_its_own_to_give(holder):
+    """A holder that stops beating for longer than the ack wait loses its message to
+    another delivery, and an ack from the lapsed delivery would settle that one too (so
+    it must not ack): a message another delivery still holds comes back once that holder
+    goes, one that the lapsed delivery acked never does."""
+    js, subject, held, feed = holder
+    for n in range(2):
+        await js.publish(subject, f"m{n}".encode())
+    first = await received(feed, 2)
+    for _ in range(2 * round(ACK_WAIT_S / BEAT_S)):
+        await asyncio.sleep(BEAT_S)
+        await held.beat()
+    assert not any(held.lapsed(m) for m in first)  # beaten on time: still this holder's
+
+    await asyncio.sleep(ACK_WAIT_S)  # frozen past the ack wait, without a beat
+    again = await received(feed, 2)
+    await held.beat()  # thawed, it beats again: the lapse is remembered
+    assert all(held.lapsed(m) for m in first)
+    assert sorted((m.data, m.metadata.num_delivered) for m in again) == [(b"m0", 2), (b"m1", 2)]
+
+    await first[0].ack()  # what a lapsed holder must not do
+    for message in [*first, *again]:
+        held.release(message)  # both holders gone, the second delivery unacked
+    third = await received(feed, 1)
+    assert [(m.data, m.metadata.num_delivered) for m in third] == [(b"m1", 3)]
+    await third[0].ack()
+    with pytest.raises(TimeoutError):  # and m0 never comes back
+        await asyncio.wait_for(feed.next_messages(10), 3 * ACK_WAIT_S)

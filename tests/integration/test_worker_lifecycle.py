@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from steno.infra.processes import Stack, remove_namespace
+from tests.conftest import started_in_background
 
 pytestmark = pytest.mark.integration
 
@@ -22,11 +23,7 @@ def test_sigterm_drains_then_hands_back_and_another_worker_continues(settings, t
         stack.add_api()
         client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
         prompt = "hand this over " * 8
-        created = client.responses.create(model=MODEL, input=prompt, background=True)
-        deadline = time.monotonic() + 20
-        while not client.responses.retrieve(created.id).output:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        created = started_in_background(client, MODEL, prompt)
 
         started = time.monotonic()
         assert first.stop(signal.SIGTERM, timeout_s=15) == 0

@@ -1,17 +1,22 @@
 """A live worker keeps the requests it holds for as long as it generates them: its
 heartbeats hold off redelivery however many ack waits a generation lasts, and however
 slow the bus answers its other reads, so another worker never takes a live one's
-request over. A request that fails on every delivery ends visibly."""
+request over; one frozen past its ack wait leaves the request to the worker that took
+it over. A request that fails on every delivery ends visibly."""
 
 import asyncio
+import os
+import signal
 import time
 from contextlib import asynccontextmanager
 
 import asyncpg
+import httpx
 import openai
 import orjson
 import pytest
 
+from steno.infra.embedded import free_port
 from steno.infra.processes import Stack, remove_namespace
 from steno.schemas.api import CreateResponseRequest
 from steno.schemas.bus import GenerationRequest
@@ -23,6 +28,7 @@ from steno.services.dialects import DEFAULT_DIALECT, dialect_named
 from steno.services.worker import worker as worker_module
 from steno.services.worker.prior_output import read_prior_output
 from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
+from tests.conftest import separate_stack, started_in_background
 
 pytestmark = pytest.mark.integration
 
@@ -167,3 +173,73 @@ async def test_a_request_that_fails_on_every_delivery_ends_visibly(settings):
         assert ended["attempt"] == worker_module.MAX_DELIVER - 1
         assert "every delivery" in ended["error_message"]
         assert prior.token_ids == []
+
+
+def generations_ended(metrics_port: int) -> float:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("steno_generations_total{"))
+
+
+def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_took_it_over(settings, tmp_path):
+    """The first worker is frozen mid-generation, so the request goes to a second; that one
+    is frozen in turn and the first, thawed, ends its own attempt. Its ack would settle
+    the request for good (JetStream takes an ack from any delivery), so when the second
+    then dies nothing would continue the response: the first leaves it unacked, and the
+    request comes back to it to continue from where the second stopped."""
+    metrics_port = free_port()
+    frozen: list = []
+    with separate_stack(settings, "frozen", tmp_path) as stack:
+        try:
+            stack.add("parser", "parser")
+            first = stack.add("worker-1", "worker", "--model", MODEL, "--sim-tokens-per-s", "8",
+                              "--metrics-port", str(metrics_port))
+            stack.add_api()
+            client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+            prompt = "continue this one " * 12
+            created = started_in_background(client, MODEL, prompt)
+            frozen_and_taken_over(stack, client, created.id, first, metrics_port, frozen)
+
+            deadline = time.monotonic() + 30
+            while (final := client.responses.retrieve(created.id)).status == "in_progress":
+                assert time.monotonic() < deadline, "nothing continued the response"
+                time.sleep(0.1)
+            assert final.status == "completed"
+            assert final.output_text == "Steno simulator reply: " + " ".join(prompt.split())
+            with client.responses.stream(response_id=created.id) as stream:
+                events = list(stream)
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            # The first worker's, the second's, and the one that continued after the second died.
+            assert len(asyncio.run(attempts_stored(stack.settings.database_url, created.id))) == 3
+        finally:
+            for process in frozen:
+                os.kill(process.pid, signal.SIGCONT)
+
+
+def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str, first, metrics_port: int,
+                          frozen: list) -> None:
+    """Freezes ``first``, the worker generating the response, until a second worker has
+    taken it over; freezes that one, thaws the first until it has ended its own attempt,
+    then kills the second. ``frozen``: the processes stopped at any moment."""
+    os.kill(first.pid, signal.SIGSTOP)
+    frozen.append(first)
+    second = stack.add("worker-2", "worker", "--model", MODEL, "--sim-tokens-per-s", "8")
+    deadline = time.monotonic() + 30
+    # Redeliveries may first go to the frozen worker's open pull request, and lapse there.
+    while len(asyncio.run(attempts_stored(stack.settings.database_url, response_id))) < 2:
+        assert time.monotonic() < deadline, "the second worker never took the request over"
+        time.sleep(0.1)
+    os.kill(second.pid, signal.SIGSTOP)
+    frozen.append(second)
+    os.kill(first.pid, signal.SIGCONT)
+    frozen.remove(first)
+    deadline = time.monotonic() + 30
+    while generations_ended(metrics_port) < 1:
+        assert time.monotonic() < deadline, "the first worker never ended its attempt"
+        time.sleep(0.1)
+    assert client.responses.retrieve(response_id).status == "in_progress"  # its end came second
+    second.stop(signal.SIGKILL)
+    frozen.remove(second)
