@@ -12,29 +12,16 @@ from pathlib import Path
 import asyncpg
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from steno.infra.embedded import free_port
 from steno.services.common.config import ApiSettings
 from steno.services.common.db import asyncpg_dsn
 from tests.conftest import separate_stack
+from tests.scraped_metrics import scrape, value
 
 MODEL = "steno-simulator"
 SLOW = "steno-slow"
 WAIT_S = 30.0
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    """The sum of the samples named ``name`` that carry ``labels``."""
-    wanted = set(labels.items())
-    return sum(v for (sample, sample_labels), v in samples.items() if sample == name and wanted <= sample_labels)
 
 
 def has(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> bool:

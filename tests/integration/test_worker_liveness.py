@@ -11,7 +11,6 @@ import time
 from contextlib import asynccontextmanager
 
 import asyncpg
-import httpx
 import openai
 import orjson
 import pytest
@@ -29,6 +28,7 @@ from steno.services.worker import worker as worker_module
 from steno.services.worker.prior_output import read_prior_output
 from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 from tests.conftest import separate_stack, started_in_background
+from tests.scraped_metrics import scrape, value
 
 pytestmark = pytest.mark.integration
 
@@ -175,15 +175,6 @@ async def test_a_request_that_fails_on_every_delivery_ends_visibly(settings):
         assert prior.token_ids == []
 
 
-def generations_ended(metrics_port: int) -> float:
-    try:
-        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2).text
-    except httpx.HTTPError:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("steno_generations_total{"))
-
-
 def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_took_it_over(settings, tmp_path):
     """The first worker is frozen mid-generation, so the request goes to a second; that one
     is frozen in turn and the first, thawed, ends its own attempt. Its ack would settle
@@ -237,7 +228,7 @@ def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str,
     os.kill(first.pid, signal.SIGCONT)
     frozen.remove(first)
     deadline = time.monotonic() + 30
-    while generations_ended(metrics_port) < 1:
+    while value(scrape(f"http://127.0.0.1:{metrics_port}"), "steno_generations_total") < 1:
         assert time.monotonic() < deadline, "the first worker never ended its attempt"
         time.sleep(0.1)
     assert client.responses.retrieve(response_id).status == "in_progress"  # its end came second

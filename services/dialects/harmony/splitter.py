@@ -168,8 +168,6 @@ class HarmonyGrammar:
 
     def knows(self, token: int) -> bool:
         """Whether ``token`` is one of the encoding's."""
-        if token in self._bytes:
-            return True
         try:
             self.bytes_of(token)
         except (HarmonyError, OverflowError):
