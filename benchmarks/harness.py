@@ -48,11 +48,13 @@ from typing import Any
 import asyncpg
 import httpx
 import orjson
+from nats.js import JetStreamContext
 
 from steno.benchmarks.command import DEFAULT_TOKEN_PARTITIONS, SCENARIOS
 from steno.benchmarks.profiles import Profiler
 from steno.benchmarks.sse_client import HttpError, SseClient
 from steno.benchmarks.vllm_side_by_side import side_by_side
+from steno.benchmarks.work_counts import Reading, log_shape, per_request, printed, read
 from steno.infra.embedded import free_port, resolve
 from steno.infra.processes import ServiceProcess, Stack, remove_namespace, wait_healthy
 from steno.schemas.api import CreateResponseRequest
@@ -287,6 +289,27 @@ class Bench:
             used[command] = group_cpu_seconds(command)
         return used
 
+    @asynccontextmanager
+    async def _servers(self) -> AsyncIterator[tuple[JetStreamContext, asyncpg.Connection]]:
+        nc = await connect(self.settings, "steno-bench-counts")
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            yield nc.jetstream(), conn
+        finally:
+            await conn.close()
+            await nc.close()
+
+    async def work_reading(self) -> Reading:
+        """The stack's bus and database counters as they stand (``benchmarks/work_counts.py``)."""
+        async with self._servers() as (js, conn):
+            return await read(js, conn, Names.from_settings(self.settings))
+
+    async def work_since(self, before: Reading, requests: int) -> dict[str, Any]:
+        """What the stack's bus and database did since ``before``, per request of ``requests``."""
+        async with self._servers() as (js, conn):
+            after = await read(js, conn, Names.from_settings(self.settings))
+            return per_request(before, after, await log_shape(conn, before.at), requests)
+
     async def stop(self) -> None:
         self.stack.stop()
         for suffix in ("", "p"):  # the stack's namespace and the parser scenario's
@@ -317,6 +340,7 @@ class Bench:
                 for side in clients.values():
                     await asyncio.gather(*(one_stream(side, "warm up") for _ in range(level)))
                 before = self.cpu_by_process()
+                counted = await self.work_reading()
                 async with self.profiled(f"ttfe-{level}", self.serving()):
                     for block in range(0, rounds, ROUNDS_PER_BLOCK):
                         for name, side in clients.items():
@@ -326,6 +350,7 @@ class Bench:
                                         *(one_stream(side, f"ttfe {i}") for i in range(level)))
                             client_cpu[name] += paused.cpu_s
                 after = self.cpu_by_process()
+                work = await self.work_since(counted, len(samples["steno"]))
             # Each side's own processes: the baseline is one process; Postgres and NATS serve Steno only.
             used = {process: after[process] - before[process] for process in before if process != "client"}
             cpu = {"steno": {process: seconds for process, seconds in used.items() if process != "baseline"},
@@ -333,6 +358,7 @@ class Bench:
             for name in sides:
                 cpu[name]["client"] = client_cpu[name]
             row: dict[str, Any] = {name: _ttfe_summary(samples[name], cpu[name]) for name in sides}
+            row["steno"]["work_per_request"] = work
             for metric in ("first_content", "first_event"):
                 for q in ("p50", "p99"):
                     row[f"added_{metric}_ms_{q}"] = (row["steno"][f"{metric}_ms_{q}"]
@@ -348,7 +374,8 @@ class Bench:
                   f" p99 {row['added_first_event_ms_p99']:.1f} ms"
                   f" | errors {row['steno']['errors']}/{row['baseline']['errors']}"
                   f" | CPU ms per request {row['steno']['cpu_ms_per_request']}"
-                  f" / {row['baseline']['cpu_ms_per_request']}",
+                  f" / {row['baseline']['cpu_ms_per_request']}"
+                  f" | steno {printed(work)}",
                   flush=True)
         return out
 
@@ -401,6 +428,7 @@ class Bench:
         first_p99 = None
         for level in levels:
             before = self.cpu_by_process()
+            counted = await self.work_reading()
             stop_sampling = asyncio.Event()
             backlogs = asyncio.create_task(self._stage_backlogs(stop_sampling))
             started = time.perf_counter()
@@ -413,12 +441,13 @@ class Bench:
                                   if name != "baseline" and after[name] - used > 0}
             steno["stage_backlog"] = await backlogs
             baseline = await self._closed_loop(self.baseline_url, level, seconds)
+            steno["work_per_request"] = await self.work_since(counted, steno["requests"])
             out[str(level)] = {"steno": steno, "baseline": baseline,
                                "ratio_tokens_per_s": steno["tokens_per_s"] / max(baseline["tokens_per_s"], 1e-9)}
             print(f"throughput {level:>4} streams: steno {steno['tokens_per_s']:,.0f} tok/s "
                   f"{steno['events_per_s']:,.0f} ev/s p99 {steno['latency_ms_p99']:.0f} ms | baseline "
                   f"{baseline['tokens_per_s']:,.0f} tok/s | cores {steno['cpu_cores']} | backlog "
-                  f"{steno['stage_backlog']}", flush=True)
+                  f"{steno['stage_backlog']} | {printed(steno['work_per_request'])}", flush=True)
             first_p99 = first_p99 or steno["latency_ms_p99"]
             if steno["latency_ms_p99"] > 4 * first_p99:
                 print("throughput: latency degraded; stopping the ramp", flush=True)

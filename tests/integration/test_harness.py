@@ -93,3 +93,25 @@ def test_a_profiled_run_says_where_each_service_s_time_went(tmp_path, settings):
     assert any("services/parser/service.py" in function for function in on_stack), on_stack
     assert any("services/api/responses.py" in function for function, _ in profiles["api-0"]["on_stack"])
     assert "profile throughput-4:" in done.stdout and "  parser: " in done.stdout
+
+
+def test_a_run_counts_what_the_bus_and_the_database_did_per_request(tmp_path, settings):
+    """Every ttfe and throughput level says what Steno's requests cost the servers: each
+    request one work message and one stored response, its tokens in batches on the
+    token stream, each response's log events and token batches, and the WAL written."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "steno.services.cli", "bench", "--scenarios", "ttfe,throughput",
+                           "--ttfe-levels", "4", "--ttfe-samples", "12", "--throughput-levels", "2",
+                           "--seconds", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    for work in (results["ttfe"]["4"]["steno"]["work_per_request"],
+                 results["throughput"]["2"]["steno"]["work_per_request"]):
+        assert work["nats_messages"]["gen"] == 1.0, work
+        assert work["responses"] == 1.0, work
+        assert 0 < work["nats_messages"]["tokens"] <= work["token_batches_per_response"], work
+        # created, in progress, the output's items and deltas, completed
+        assert work["events_per_response"] >= 8, work
+        assert work["wal_bytes"] > 1000, work
+    assert done.stdout.count("per response: token batches") == 2
