@@ -182,14 +182,20 @@ class Arrivals:
         self.queue: asyncio.Queue[tuple[ContinuousPull, Msg]] = asyncio.Queue()
         self.pulls: set[ContinuousPull] = set()
 
-    async def next_messages(self, limit: int) -> list[tuple[ContinuousPull, Msg]]:
+    async def next_messages(self, limit: int, within_s: float | None = None) -> list[tuple[ContinuousPull, Msg]]:
         """Waits for the next message on any started pull, then takes whatever else has
-        arrived, up to ``limit``; each message with the pull it came by."""
+        arrived, up to ``limit``; each message with the pull it came by. With
+        ``within_s``, none if nothing arrives within that many seconds."""
         taken: list[tuple[ContinuousPull, Msg]] = []
+        give_up_at = None if within_s is None else time.monotonic() + within_s
         while not taken:
             wait_s = CHECK_EVERY_S
             for pull in list(self.pulls):
                 wait_s = min(wait_s, await pull._renewed())
+            if give_up_at is not None:
+                if time.monotonic() >= give_up_at:
+                    return taken
+                wait_s = min(wait_s, give_up_at - time.monotonic())
             try:
                 pull, msg = await asyncio.wait_for(self.queue.get(), wait_s)
             except TimeoutError:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from contextlib import suppress
+from dataclasses import dataclass
 
 import asyncpg
 from nats.aio.client import Client
@@ -64,6 +65,22 @@ POISON_DELIVERIES = 4
 STRANDED_DELIVERIES = 10
 # States held in memory; a response silent long enough to fall out is rebuilt when it speaks.
 MAX_STATES = 20_000
+# A batch ahead of the one it follows is kept here, held, and tried again with whatever
+# arrives next, rather than handed back: the one it follows is most often on its way (a
+# dead parser's, back with the ack wait), and a batch handed back waits out a delay of
+# its own (one that doubles with its deliveries) after that one has come. Kept for at
+# most PARKED_S, then handed back as before; at most MAX_PARKED messages kept; tried
+# again every PARKED_CHECK_S when nothing arrives.
+PARKED_S = 3.0
+MAX_PARKED = 512
+PARKED_CHECK_S = 0.25
+
+
+@dataclass(frozen=True)
+class _Parked:
+    msg: Msg
+    pull: ContinuousPull
+    since: float
 
 
 class ParserService:
@@ -93,6 +110,10 @@ class ParserService:
         # what waits here behind a slow commit is kept by in-progress acks.
         self._held = InProgress()
         self._followers = Followers()
+        # Messages kept for a batch they follow (PARKED_S), by id(); and when each of
+        # those being tried again was first kept.
+        self._parked: dict[int, _Parked] = {}
+        self._parked_since: dict[int, float] = {}
 
     async def run(self) -> None:
         await ensure_streams(self._js, self._names)
@@ -140,6 +161,12 @@ class ParserService:
         if pull is not None:
             with suppress(Exception):
                 await pull.stop()
+            for key, kept in list(self._parked.items()):
+                if kept.pull is pull:  # to the partition's next holder at once
+                    del self._parked[key]
+                    with suppress(Exception):
+                        await kept.msg.nak()
+                    self._held.release(kept.msg)
         if self._processing:
             self._released_meanwhile.add(partition)
         self._forget_partition(partition)
@@ -152,30 +179,37 @@ class ParserService:
     async def _consume(self) -> None:
         while True:
             try:
-                arrived = await self._arrivals.next_messages(FETCH_BATCH)
+                arrived = await self._arrivals.next_messages(FETCH_BATCH, PARKED_CHECK_S if self._parked else None)
             except Exception:
                 log.exception("receiving tokens failed; retrying")
                 await asyncio.sleep(RETRY_DELAY_S)
                 continue
+            # What was kept is tried again with what arrived: the batch it follows, maybe.
+            kept, self._parked = self._parked, {}
+            self._parked_since = {key: parked.since for key, parked in kept.items()}
+            arrived += [(parked.pull, parked.msg) for parked in kept.values()]
             messages = [msg for _, msg in arrived]
             self._processing = True
             try:
                 await self._settle(arrived)
             except asyncio.CancelledError:
                 # The parser is stopping: these go to the partitions' next holders at once, committed or not.
-                for msg in messages:
+                for msg in [*messages, *(parked.msg for parked in self._parked.values())]:
                     with suppress(Exception):
                         await msg.nak()
+                self._parked.clear()
                 raise
             except Exception:
                 log.exception("processing %d messages failed; they will be redelivered", len(messages))
                 for msg in messages:
+                    self._parked.pop(id(msg), None)
                     with suppress(Exception):
                         await msg.nak(delay=retry_delay(msg))
             finally:
                 self._processing = False
                 for msg in messages:
-                    self._held.release(msg)
+                    if id(msg) not in self._parked:
+                        self._held.release(msg)
                 for partition in self._released_meanwhile:
                     self._forget_partition(partition)
                 self._released_meanwhile.clear()
@@ -191,11 +225,13 @@ class ParserService:
         wait_s = RETRY_DELAY_S / 2
         while messages:
             try:
-                messages = await self.process(messages)
+                messages, parked = await self.process(messages)
             except Exception as exc:
                 if not _unreachable(exc):
                     raise
                 log.warning("Postgres is unreachable (%s); %d messages wait", exc, len(messages))
+            else:
+                await self._park(parked, pulls)
             if messages:
                 await asyncio.sleep(wait_s)
                 waited_s += wait_s
@@ -206,6 +242,22 @@ class ParserService:
                 messages = [msg for msg in messages if pulls[id(msg)].receiving]
         if waited_s:
             log.info("Postgres answered again after %.1fs", waited_s)
+
+    async def _park(self, parked: list[Msg], pulls: dict[int, ContinuousPull]) -> None:
+        now = time.monotonic()
+        for msg in parked:
+            pull = pulls[id(msg)]
+            if pull.receiving:
+                self._parked[id(msg)] = _Parked(msg, pull, self._parked_since.get(id(msg), now))
+            else:  # its partition went to another holder meanwhile
+                with suppress(Exception):
+                    await msg.nak()
+
+    def _parkable(self, msgs: list[Msg], to_park: list[Msg]) -> bool:
+        """Whether these messages may be kept (again) for the batch they follow."""
+        now = time.monotonic()
+        first_kept = min((self._parked_since.get(id(msg), now) for msg in msgs), default=now)
+        return now - first_kept < PARKED_S and len(self._parked) + len(to_park) + len(msgs) <= MAX_PARKED
 
     async def _states_for(
         self, firsts: dict[str, tuple[Msg, TokenStreamMessage] | None]
@@ -270,10 +322,10 @@ class ParserService:
             write.consumed += applied.recorded
             write.final_snapshot = state.final_snapshot
 
-    async def process(self, messages: list[Msg]) -> list[Msg]:
+    async def process(self, messages: list[Msg]) -> tuple[list[Msg], list[Msg]]:
         """Applies, commits, announces and acks what it can of ``messages``, and hands back
         (nak) what must come again later; returns those it could not settle for want of
-        Postgres, still held."""
+        Postgres, and those to keep for a batch they follow (``PARKED_S``), both still held."""
         fetched_ns = time.time_ns()
         by_response: dict[str, list[tuple[Msg, TokenStreamMessage]]] = {}
         # The headers of each message a group carried (trace context, tenant).
@@ -288,10 +340,15 @@ class ParserService:
             for decoded, headers in unpacked_messages:
                 by_response.setdefault(decoded.response_id, []).append((msg, decoded))
                 carried[id(msg), decoded.response_id] = headers
+        for items in by_response.values() if self._parked_since else ():
+            if any(id(msg) in self._parked_since for msg, _ in items):
+                # Kept batches come after what arrived since (the batch they follow, maybe).
+                items.sort(key=lambda item: _stream_order(item[1]))
 
         writes: list[ResponseWrite] = []
         to_ack: list[Msg] = []
         to_retry: list[Msg] = []
+        to_park: list[Msg] = []
         # The messages that go with each write: acked once it is committed.
         written: dict[str, list[Msg]] = {}
         try:
@@ -308,19 +365,27 @@ class ParserService:
                     try:
                         applied = state.apply(decoded)
                     except OutOfOrder as exc:
-                        # What it lacks may have been committed by another writer (a parser
-                        # that held the partition until it noticed it had lost it): the
-                        # retry rebuilds the state from Postgres, or it would wait for
-                        # batches that never come back to it.
-                        self._states.pop(response_id, None)
+                        ahead = [m for m, _ in items[position:]]
+                        kept_before = any(id(m) in self._parked_since for m in ahead)
+                        parking = self._parkable(ahead, to_park)
+                        if not (kept_before and parking):
+                            # What it lacks may have been committed by another writer (a
+                            # parser that held the partition until it noticed it had lost
+                            # it): the next try rebuilds the state from Postgres, or it
+                            # would wait for batches that never come back to it.
+                            self._states.pop(response_id, None)
                         if position == 0 and msg.metadata.num_delivered >= STRANDED_DELIVERIES:
                             log.error("%s, on delivery %d: the response fails", exc, msg.metadata.num_delivered)
                             await self._fail(response_id, write, "The model output is incomplete: a part of it"
                                              " never reached the parser; giving up.")
                             to_ack += [m for m, _ in items]
+                        elif parking:
+                            if not kept_before:
+                                log.info("%s; kept until it comes", exc)
+                            to_park += ahead
                         else:
                             log.info("%s; retrying later", exc)
-                            to_retry += [m for m, _ in items[position:]]
+                            to_retry += ahead
                         break
                     except Exception as exc:
                         log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
@@ -375,10 +440,13 @@ class ParserService:
         for model, count in parsed_by_model.items():
             PARSED_EVENTS.labels(model).inc(count)
         # A group settles as its least settled batch: held while any waits for Postgres,
-        # else handed back while any must come again (those applied come as duplicates).
+        # else handed back while any must come again (those applied come as duplicates),
+        # else kept while any waits here for the batch it follows.
         held = {id(msg) for msg in unsettled}
         retried = {id(msg): msg for msg in to_retry if id(msg) not in held}
-        acked = {id(msg): msg for msg in to_ack if id(msg) not in held and id(msg) not in retried}
+        parked = {id(msg): msg for msg in to_park if id(msg) not in held and id(msg) not in retried}
+        acked = {id(msg): msg for msg in to_ack if id(msg) not in held and id(msg) not in retried
+                 and id(msg) not in parked}
         for msg in acked.values():
             with suppress(Exception):
                 await msg.ack()
@@ -388,7 +456,7 @@ class ParserService:
         for write in committed:
             if write.final_snapshot is not None and not write.final_snapshot.get("store", True):
                 await self._forget_tokens(write.response_id)
-        return list({id(msg): msg for msg in unsettled}.values())
+        return list({id(msg): msg for msg in unsettled}.values()), list(parked.values())
 
     async def _commit(self, writes: list[ResponseWrite]) -> tuple[list[ResponseWrite], list[ResponseWrite]]:
         """Commits the writes; returns those committed (or replaced by their response's
@@ -441,6 +509,12 @@ class ParserService:
         except Exception:
             log.warning("could not purge the token stream of %s (it expires with the stream's age limit)",
                         response_id, exc_info=True)
+
+
+def _stream_order(message: TokenStreamMessage) -> tuple[int, int]:
+    """Where a message stands in its response's token stream: its attempt, then its batch
+    (an attempt's end after its last batch)."""
+    return message.attempt, message.batch_no if isinstance(message, TokenBatch) else message.batch_count
 
 
 def retry_delay(msg: Msg) -> float:

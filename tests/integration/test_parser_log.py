@@ -328,6 +328,29 @@ async def test_a_state_left_behind_by_another_writer_is_rebuilt(stack, client, d
         worker.stop()
 
 
+async def stored_in_three_batches(settings, response_id: str, text: str) -> list:
+    """A response stored as the API stores it, and its answer ``text`` as one attempt's
+    three batches, the first with the parser's seed and the last with the end, unsent."""
+    from steno.schemas.api import CreateResponseRequest
+    from steno.services.api.response_plan import plan_response
+    from steno.services.api.store import ResponseStore
+    from steno.services.common.db import create_pool
+    from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
+
+    harmony = dialect_named(DEFAULT_DIALECT)
+    request = CreateResponseRequest(model=MODEL, input="a gap in the middle", background=True)
+    plan = plan_response(request, response_id, "a", 1_700_000_000, harmony.render(request, 1_700_000_000))
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        chain_head = await ResponseStore(pool).create(plan.record, plan.first_events)
+    finally:
+        await pool.close()
+    tokens = harmony.write_completion([CompletionMessage("final", text)])
+    third = len(tokens) // 3
+    return batches_as_a_worker_sends(response_id, [tokens[:third], tokens[third:2 * third], tokens[2 * third:]],
+                                     plan.record.base_snapshot, plan.record.parse_context, chain_head)
+
+
 async def test_a_batch_whose_predecessor_never_comes_fails_its_response(stack, client, db, settings):
     """A batch that stays ahead of everything stored for its response, delivery after
     delivery, follows one that is not coming (lost by the bus, say): the response fails
@@ -335,29 +358,12 @@ async def test_a_batch_whose_predecessor_never_comes_fails_its_response(stack, c
     takes part: the test stores the response and publishes its batches, but one."""
     import nats
 
-    from steno.schemas.api import CreateResponseRequest
-    from steno.services.api.response_plan import plan_response
-    from steno.services.api.store import ResponseStore
     from steno.services.common.bus import Names
-    from steno.services.common.db import create_pool
-    from steno.services.dialects import DEFAULT_DIALECT, CompletionMessage, dialect_named
-    from steno.services.parser.service import MAX_RETRY_DELAY_S, STRANDED_DELIVERIES
+    from steno.services.parser.service import MAX_RETRY_DELAY_S, PARKED_S, STRANDED_DELIVERIES
     from tests.conftest import reparses_identically
 
-    harmony = dialect_named(DEFAULT_DIALECT)
-    request = CreateResponseRequest(model=MODEL, input="a gap in the middle", background=True)
-    plan = plan_response(request, f"resp_stranded{settings.namespace}", "a", 1_700_000_000,
-                         harmony.render(request, 1_700_000_000))
-    pool = await create_pool(settings.database_url, max_size=1)
-    try:
-        chain_head = await ResponseStore(pool).create(plan.record, plan.first_events)
-    finally:
-        await pool.close()
-    response_id = plan.record.response_id
-    tokens = harmony.write_completion([CompletionMessage("final", "never quite whole")])
-    third = len(tokens) // 3
-    batches = batches_as_a_worker_sends(response_id, [tokens[:third], tokens[third:2 * third], tokens[2 * third:]],
-                                        plan.record.base_snapshot, plan.record.parse_context, chain_head)
+    response_id = f"resp_stranded{settings.namespace}"
+    batches = await stored_in_three_batches(settings, response_id, "never quite whole")
     names = Names(settings.namespace, settings.token_partitions)
     nc = await nats.connect(settings.nats_url)
     try:
@@ -366,7 +372,7 @@ async def test_a_batch_whose_predecessor_never_comes_fails_its_response(stack, c
             await js.publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
     finally:
         await nc.close()
-    deadline = time.monotonic() + STRANDED_DELIVERIES * MAX_RETRY_DELAY_S + 30
+    deadline = time.monotonic() + PARKED_S + STRANDED_DELIVERIES * MAX_RETRY_DELAY_S + 30
     while (status := await db.fetchval("SELECT status FROM responses WHERE id = $1", response_id)) in (
             "queued", "in_progress"):
         assert time.monotonic() < deadline, "the response still waits for the lost batch"
@@ -375,6 +381,48 @@ async def test_a_batch_whose_predecessor_never_comes_fails_its_response(stack, c
     failed = client.responses.retrieve(response_id)
     assert failed.status == "failed"
     assert "never reached the parser" in failed.error.message
+    seqs = [r[0] for r in await db.fetch("SELECT seq FROM response_log WHERE response_id = $1 ORDER BY seq",
+                                         response_id)]
+    assert seqs == list(range(len(seqs)))
+    assert await asyncio.to_thread(reparses_identically, stack.settings, response_id)
+
+
+async def test_a_batch_ahead_of_the_one_it_follows_waits_for_it_in_the_parser(stack, client, db, settings):
+    """A batch that arrives before the one it follows (that one in a dead parser's hands
+    until the ack wait, say) is kept in the parser, held, and applied as soon as the
+    one it follows arrives, instead of going back to the stream to wait out a retry
+    delay of its own, one that doubles with each delivery."""
+    import nats
+
+    from steno.services.common.bus import Names, partition_of
+    from steno.services.parser.service import RETRY_DELAY_S
+    from tests.conftest import reparses_identically
+
+    response_id = f"resp_latebatch{settings.namespace}"
+    batches = await stored_in_three_batches(settings, response_id, "whole after a wait")
+    names = Names(settings.namespace, settings.token_partitions)
+    consumer = names.parser_consumer(partition_of(response_id, names.token_partitions))
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        for batch in (batches[0], batches[2]):
+            await js.publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
+        await asyncio.sleep(4 * RETRY_DELAY_S)  # a batch handed back would have come again by now
+        waiting = await js.consumer_info(names.tokens_stream, consumer)
+        assert waiting.num_redelivered == 0
+        assert waiting.num_ack_pending == 1  # the third batch, held by the parser
+        await js.publish(names.tokens_subject(response_id), batches[1].model_dump_json().encode())
+        deadline = time.monotonic() + 30
+        while (status := await db.fetchval("SELECT status FROM responses WHERE id = $1", response_id)) in (
+                "queued", "in_progress"):
+            assert time.monotonic() < deadline, "the response still waits"
+            await asyncio.sleep(0.1)
+        settled = await js.consumer_info(names.tokens_stream, consumer)
+    finally:
+        await nc.close()
+    assert status == "completed"
+    assert client.responses.retrieve(response_id).output_text == "whole after a wait"
+    assert settled.num_ack_pending == 0 and settled.num_redelivered == 0
     seqs = [r[0] for r in await db.fetch("SELECT seq FROM response_log WHERE response_id = $1 ORDER BY seq",
                                          response_id)]
     assert seqs == list(range(len(seqs)))
