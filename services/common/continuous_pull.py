@@ -9,7 +9,7 @@ JetStream drops a request whose inbox lost its subscriber (a holder that stopped
 died) when it next has a message for it, so a partition changes hands at once. A
 request lives ``expires_s`` and is renewed when it ends; a request NATS lost (a
 reconnect) or ended without its notice reaching us is renewed when noticed, checked
-every ``CHECK_EVERY_S``.
+every ``CHECK_EVERY_S``: rarely, since each request lives long.
 
 With ``credits`` the consumer takes no more messages than it can run at once (a
 worker's free slots): each message delivered uses a credit, ``release`` gives one back,
@@ -20,10 +20,7 @@ shards pull one message at a time for this reason).
 A request is never left waiting for a full batch: messages are handed over as they come.
 
 With ``held`` every message is held there from its arrival (kept from redelivery by
-in-progress acks) until its taker releases it, having acked it, and a request lives
-no longer than ``HELD_PULL_EXPIRES_S``: a holder that stops has no request open by the
-time what it held is redelivered, so the redeliveries go to a live holder rather than
-to a stopped one that cannot read them.
+in-progress acks) until its taker releases it, having acked it.
 
 Pulls that share one ``Arrivals`` are read together: one wait for whatever any of them
 delivered, so a reader of many consumers (a parser's partitions, each given a message
@@ -41,7 +38,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from steno.services.common.in_progress import HELD_PULL_EXPIRES_S, InProgress
+from steno.services.common.in_progress import InProgress
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +78,7 @@ class ContinuousPull:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
-        self._expires_s = expires_s if held is None else min(expires_s, HELD_PULL_EXPIRES_S)
+        self._expires_s = expires_s
         self._subscription: Subscription | None = None
         self._inbox = ""
         self._left = 0  # messages the open request may still deliver; 0: none is open

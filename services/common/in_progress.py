@@ -29,12 +29,6 @@ ACK_WAIT_S = 4 * BEAT_S
 # counts its ack wait from the delivery, which reached the holder (and was held) a
 # little later, and from each beat's arrival.
 LAPSE_S = ACK_WAIT_S - BEAT_S
-# How long a holder's pull request stays open: a holder that stops (frozen, starved)
-# must have none open by the time what it held is redelivered, or the redeliveries go
-# to it, unread, each using up a delivery. The server redelivers ACK_WAIT_S after the
-# last beat, which came at most BEAT_S before the stop, and a request renewed just
-# before the stop lives this long after it: a beat short of that, with a beat to spare.
-HELD_PULL_EXPIRES_S = ACK_WAIT_S - 2 * BEAT_S
 
 
 class _Hold:

@@ -193,65 +193,21 @@ def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_to
             prompt = "continue this one " * 12
             created = started_in_background(client, MODEL, prompt)
             frozen_and_taken_over(stack, client, created.id, first, metrics_port, frozen)
-            continued_to_its_end(client, created.id, prompt)
+
+            deadline = time.monotonic() + 30
+            while (final := client.responses.retrieve(created.id)).status == "in_progress":
+                assert time.monotonic() < deadline, "nothing continued the response"
+                time.sleep(0.1)
+            assert final.status == "completed"
+            assert final.output_text == "Steno simulator reply: " + " ".join(prompt.split())
+            with client.responses.stream(response_id=created.id) as stream:
+                events = list(stream)
+            assert [e.sequence_number for e in events] == list(range(len(events)))
             # The first worker's, the second's, and the one that continued after the second died.
             assert len(asyncio.run(attempts_stored(stack.settings.database_url, created.id))) == 3
         finally:
             for process in frozen:
                 os.kill(process.pid, signal.SIGCONT)
-
-
-def test_a_frozen_worker_has_no_pull_request_open_when_its_request_is_redelivered(settings, tmp_path):
-    """A worker frozen mid-generation loses its request at the ack wait, and by then its
-    pull request has ended: the first redelivery goes to whoever reads the work queue (the
-    test here, as another worker would), not to the frozen worker's open request, unread,
-    using up one of the request's few deliveries each ack wait. A worker that takes the
-    request next continues the response."""
-    frozen: list = []
-    with separate_stack(settings, "frozenpull", tmp_path) as stack:
-        try:
-            stack.add("parser", "parser")
-            first = stack.add("worker-1", "worker", "--model", MODEL, "--sim-tokens-per-s", "8")
-            stack.add_api()
-            client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
-            prompt = "continue this one " * 12
-            created = started_in_background(client, MODEL, prompt)
-            names = bus.Names.from_settings(stack.settings)
-
-            async def first_redelivery() -> int:
-                nc = await bus.connect(stack.settings, "steno-test")
-                try:
-                    reader = await nc.jetstream().pull_subscribe_bind(durable=names.worker_consumer(MODEL),
-                                                                      stream=names.gen_stream)
-                    os.kill(first.pid, signal.SIGSTOP)
-                    frozen.append(first)
-                    [msg] = await reader.fetch(1, timeout=4 * ACK_WAIT_S)
-                    await msg.nak()  # back to the queue, for the next worker
-                    return msg.metadata.num_delivered
-                finally:
-                    await nc.close()
-
-            assert asyncio.run(first_redelivery()) == 2
-            first.stop(signal.SIGKILL)
-            frozen.remove(first)
-            stack.add("worker-2", "worker", "--model", MODEL, "--sim-tokens-per-s", "8")
-            continued_to_its_end(client, created.id, prompt)
-        finally:
-            for process in frozen:
-                os.kill(process.pid, signal.SIGCONT)
-
-
-def continued_to_its_end(client: openai.OpenAI, response_id: str, prompt: str) -> None:
-    """The response completes with the simulator's whole answer, its events gapless."""
-    deadline = time.monotonic() + 30
-    while (final := client.responses.retrieve(response_id)).status == "in_progress":
-        assert time.monotonic() < deadline, "nothing continued the response"
-        time.sleep(0.1)
-    assert final.status == "completed"
-    assert final.output_text == "Steno simulator reply: " + " ".join(prompt.split())
-    with client.responses.stream(response_id=response_id) as stream:
-        events = list(stream)
-    assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
 def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str, first, metrics_port: int,
@@ -263,6 +219,7 @@ def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str,
     frozen.append(first)
     second = stack.add("worker-2", "worker", "--model", MODEL, "--sim-tokens-per-s", "8")
     deadline = time.monotonic() + 30
+    # Redeliveries may first go to the frozen worker's open pull request, and lapse there.
     while len(asyncio.run(attempts_stored(stack.settings.database_url, response_id))) < 2:
         assert time.monotonic() < deadline, "the second worker never took the request over"
         time.sleep(0.1)
