@@ -205,6 +205,12 @@ def end_of(message: TokenStreamMessage) -> GenerationEnded | None:
     return message if isinstance(message, GenerationEnded) else message.ended
 
 
+def stream_position(message: TokenStreamMessage) -> tuple[int, int]:
+    """Where a message stands in its response's token stream: its attempt, then its
+    batch number (an attempt's end counting as the number after its last batch)."""
+    return message.attempt, message.batch_no if isinstance(message, TokenBatch) else message.batch_count
+
+
 class Placement(Enum):
     NEXT = "next"
     # Seen before (a redelivery): nothing to do.
@@ -230,8 +236,8 @@ class TokenStreamOrder:
     ended: bool = False
 
     def place(self, message: TokenStreamMessage) -> Placement:
-        number = message.batch_no if isinstance(message, TokenBatch) else message.batch_count
-        if self.ended or (message.attempt, number) < (self.attempt, self.next_batch_no):
+        _, number = position = stream_position(message)
+        if self.ended or position < (self.attempt, self.next_batch_no):
             return Placement.DUPLICATE
         if message.attempt == self.attempt and number == self.next_batch_no:
             return Placement.NEXT

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from steno.schemas.bus import GenerationEnded, Placement, TokenBatch, TokenStreamMessage, TokenStreamOrder
+from steno.schemas.bus import (
+    GenerationEnded,
+    Placement,
+    TokenBatch,
+    TokenStreamMessage,
+    TokenStreamOrder,
+    stream_position,
+)
 from steno.schemas.chain import event_hash
 from steno.schemas.events import LoggedEvent
 from steno.schemas.responses import ParseContext
@@ -104,10 +111,9 @@ class ResponseState:
     def _placed(self, message: TokenStreamMessage) -> Placement:
         placement = self._order.place(message)
         if placement is Placement.AHEAD:
-            order = self._order
-            number = message.batch_no if isinstance(message, TokenBatch) else message.batch_count
-            raise OutOfOrder(f"{self.response_id}: got {message.attempt}/{number}, "
-                             f"expected {order.attempt}/{order.next_batch_no}")
+            attempt, number = stream_position(message)
+            raise OutOfOrder(f"{self.response_id}: got {attempt}/{number}, "
+                             f"expected {self._order.attempt}/{self._order.next_batch_no}")
         return placement
 
     def apply(self, message: TokenStreamMessage) -> Applied | None:

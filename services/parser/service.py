@@ -21,7 +21,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from steno.schemas.bus import ParserSeed, TokenBatch, TokenStreamMessage, token_partition_message, unpacked
+from steno.schemas.bus import (
+    ParserSeed,
+    TokenBatch,
+    TokenStreamMessage,
+    stream_position,
+    token_partition_message,
+    unpacked,
+)
 from steno.schemas.ids import origin_of
 from steno.schemas.responses import ParseContext
 from steno.services.common import logs
@@ -343,7 +350,7 @@ class ParserService:
         for items in by_response.values() if self._parked_since else ():
             if any(id(msg) in self._parked_since for msg, _ in items):
                 # Kept batches come after what arrived since (the batch they follow, maybe).
-                items.sort(key=lambda item: _stream_order(item[1]))
+                items.sort(key=lambda item: stream_position(item[1]))
 
         writes: list[ResponseWrite] = []
         to_ack: list[Msg] = []
@@ -509,12 +516,6 @@ class ParserService:
         except Exception:
             log.warning("could not purge the token stream of %s (it expires with the stream's age limit)",
                         response_id, exc_info=True)
-
-
-def _stream_order(message: TokenStreamMessage) -> tuple[int, int]:
-    """Where a message stands in its response's token stream: its attempt, then its batch
-    (an attempt's end after its last batch)."""
-    return message.attempt, message.batch_no if isinstance(message, TokenBatch) else message.batch_count
 
 
 def retry_delay(msg: Msg) -> float:

@@ -9,6 +9,7 @@ from steno.schemas.bus import (
     TokenBatch,
     TokenBatchGroup,
     TokenStreamOrder,
+    stream_position,
     token_batch_json,
     token_partition_message,
     unpacked,
@@ -46,6 +47,13 @@ def test_a_later_attempt_starts_at_zero_and_must_continue_after_every_token():
     order.advance(batch(1, 0, resumed_after=3))
     assert order.place(batch(0, 1)) is Placement.DUPLICATE  # the earlier attempt is over
     assert (order.attempt, order.next_batch_no, order.output_tokens) == (1, 1, 5)
+
+
+def test_messages_sort_into_stream_order_an_end_after_its_attempts_last_batch():
+    arrived = [batch(1, 0, resumed_after=2), end(0, 2), batch(0, 1), batch(0, 0)]
+    assert [stream_position(message) for message in sorted(arrived, key=stream_position)] == [
+        (0, 0), (0, 1), (0, 2), (1, 0)]
+    assert isinstance(sorted(arrived, key=stream_position)[2], GenerationEnded)
 
 
 def test_an_end_counts_as_the_attempts_next_number_and_nothing_follows_it():
