@@ -8,7 +8,8 @@ is byte-identical to the live stream."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, Field
@@ -53,7 +54,12 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(get_args(TerminalEventType))
 LIFECYCLE_EVENT_TYPES: frozenset[str] = frozenset(get_args(LifecycleEventType))
 
 
-class LoggedEvent(BaseModel):
+# A dataclass, not a model: one is made for every event the parser builds, every event
+# a tail hears announced and every row a replay reads, and a model's validation costs
+# several times the dataclass's construction (docs/performance.md). Models that carry
+# events (``CommittedEvents``) still validate them.
+@dataclass(slots=True)
+class LoggedEvent:
     """One row of a response's event log."""
 
     seq: int
@@ -62,11 +68,20 @@ class LoggedEvent(BaseModel):
     # Its link in the response's hash chain (``schemas/chain.py``), set by the writer that
     # stores it; None for events stored before there was a chain. Never sent on the bus:
     # live tails need the payload alone.
-    hash: bytes | None = Field(default=None, exclude=True)
+    hash: Annotated[bytes | None, Field(exclude=True)] = None
 
     @property
     def is_terminal(self) -> bool:
         return self.type in TERMINAL_EVENT_TYPES
+
+
+def logged_event_json(event: LoggedEvent) -> bytes:
+    """The event as a ``CommittedEvents`` carries it."""
+    return orjson.dumps(_carried(event))
+
+
+def _carried(event: LoggedEvent) -> dict[str, Any]:
+    return {"seq": event.seq, "type": event.type, "payload": event.payload}
 
 
 class CommittedEvents(BaseModel):
@@ -85,9 +100,7 @@ def committed_events_json(response_id: str, events: list[LoggedEvent], through_s
     building the model: the parser announces every event it commits, and building the
     model cost more than writing it (docs/performance.md, "Batches and announcements
     written without their models")."""
-    return orjson.dumps({"v": 1, "response_id": response_id,
-                         "events": [{"seq": event.seq, "type": event.type, "payload": event.payload}
-                                    for event in events],
+    return orjson.dumps({"v": 1, "response_id": response_id, "events": [_carried(event) for event in events],
                          "through_seq": through_seq})
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from steno.schemas.events import AnnouncedEvents, LoggedEvent, committed_events_json
+from steno.schemas.events import AnnouncedEvents, LoggedEvent, committed_events_json, logged_event_json
 
 # ``AnnouncedEvents`` around its entries, each already encoded as ``CommittedEvents``.
 _BEFORE, _AFTER = AnnouncedEvents(committed=[]).model_dump_json().encode().split(b"[]")
@@ -64,7 +64,7 @@ def committed_entries(response_id: str, events: list[LoggedEvent], limit: int) -
 
     envelope = len(committed_events_json(response_id, []))
     for event in events:
-        size = len(event.model_dump_json()) + 1
+        size = len(logged_event_json(event)) + 1
         if envelope + size > limit:
             close_run()
             entries.append(committed_events_json(response_id, [], through_seq=event.seq))
