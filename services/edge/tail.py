@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from steno.schemas.events import AnnouncedEvents, CommittedEvents, LoggedEvent
+from steno.schemas.events import CommittedEvents, LoggedEvent, committed_in
 from steno.schemas.ids import origin_of
 from steno.services.common.followers import FollowRegistry
 from steno.services.common.metrics import EDGE_REPLAY
@@ -69,7 +69,7 @@ class ResponseTail:
             self._subscription = None
 
     async def _on_message(self, msg: Msg) -> None:
-        for committed in AnnouncedEvents.model_validate_json(msg.data).committed:
+        for committed in committed_in(msg.data):
             for live in self._following.get(committed.response_id, ()):
                 live.queue.put_nowait(committed)
 

@@ -1,4 +1,6 @@
-from steno.schemas.events import AnnouncedEvents, CommittedEvents, LoggedEvent
+from pydantic import TypeAdapter
+
+from steno.schemas.events import CommittedEvents, LoggedEvent, committed_in
 from steno.services.parser.announcements import Announcements, committed_entries
 
 RID = "resp_announce"
@@ -9,14 +11,14 @@ def event(seq: int, size: int) -> LoggedEvent:
 
 
 def decoded(entries: list[bytes]) -> list[CommittedEvents]:
-    return [CommittedEvents.model_validate_json(entry) for entry in entries]
+    return [TypeAdapter(CommittedEvents).validate_json(entry) for entry in entries]
 
 
 def received(messages: list[tuple[str, bytes]]) -> dict[str, list[list[CommittedEvents]]]:
     """What each destination receives: its messages, each decoded as the API decodes it."""
     by_destination: dict[str, list[list[CommittedEvents]]] = {}
     for destination, message in messages:
-        by_destination.setdefault(destination, []).append(AnnouncedEvents.model_validate_json(message).committed)
+        by_destination.setdefault(destination, []).append(committed_in(message))
     return by_destination
 
 

@@ -1,16 +1,20 @@
 from typing import get_args
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from steno.schemas.events import (
     EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
+    AnnouncedEvents,
     CommittedEvents,
     LoggedEvent,
     committed_events_json,
+    committed_in,
     created_event,
     failure_events,
 )
@@ -55,5 +59,19 @@ _text = st.text(st.characters(exclude_categories=("Cs",)))
        st.none() | st.integers(0, 2**31 - 1))
 def test_committed_events_written_without_their_model_are_the_models_bytes(response_id, events, through_seq):
     written = committed_events_json(response_id, events, through_seq)
-    assert written == CommittedEvents(response_id=response_id, events=events,
-                                      through_seq=through_seq).model_dump_json().encode()
+    assert written == TypeAdapter(CommittedEvents).dump_json(CommittedEvents(
+        response_id=response_id, events=events, through_seq=through_seq))
+
+
+@settings(max_examples=200)
+@given(st.lists(st.builds(CommittedEvents, response_id=_text, through_seq=st.none() | st.integers(0, 2**31 - 1),
+                          events=st.lists(st.builds(LoggedEvent, seq=st.integers(0, 2**31 - 1), type=_text,
+                                                    payload=_text)))))
+def test_an_announcement_reads_as_its_model_validates_it(committed):
+    announcement = AnnouncedEvents(committed=committed).model_dump_json().encode()
+    assert committed_in(announcement) == AnnouncedEvents.model_validate_json(announcement).committed == committed
+
+
+def test_an_announcement_of_another_version_is_refused():
+    with pytest.raises(ValueError, match="version 2"):
+        committed_in(b'{"v":2,"committed":[]}')
