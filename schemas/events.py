@@ -56,8 +56,8 @@ LIFECYCLE_EVENT_TYPES: frozenset[str] = frozenset(get_args(LifecycleEventType))
 
 # A dataclass, not a model: one is made for every event the parser builds, every event
 # a tail hears announced and every row a replay reads, and a model's validation costs
-# several times the dataclass's construction (docs/performance.md). Models that carry
-# events (``CommittedEvents``) still validate them.
+# several times the dataclass's construction (docs/performance.md). The bus's model
+# that carries events (``AnnouncedEvents``) still validates them where it is used.
 @dataclass(slots=True)
 class LoggedEvent:
     """One row of a response's event log."""
