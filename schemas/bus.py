@@ -55,16 +55,20 @@ class GenerationRequest(BaseModel):
     attempt: int = 0
     prompt_token_ids: list[int]
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    parser_seed: ParserSeed | None = None
+    # The parser's seed (a ``ParserSeed``) as its JSON: the worker passes it on to the first
+    # batch as it came, neither reading nor writing it again (docs/performance.md, "The
+    # parser's seed passed on as it came"). None from an API that sends no seed: the parser
+    # then reads it from Postgres.
+    parser_seed_json: str | None = Field(default=None, description="a ParserSeed as JSON")
     # Whether its token batches may share messages with other responses'
     # (``TokenBatchGroup``): only a stored response's may, since a response that is not
     # stored has its output purged from the bus once it ends.
     groupable: bool = False
 
-    def chain_from(self, head: bytes) -> None:
-        """Hands the parser the hash its first event chains to (the API's last stored event)."""
-        if self.parser_seed is not None:
-            self.parser_seed.chain_head = head.hex()
+    def seed_parser(self, seed: ParserSeed, head: bytes) -> None:
+        """Hands the parser its seed, chained to the hash of the API's last stored event."""
+        seed.chain_head = head.hex()
+        self.parser_seed_json = seed.model_dump_json(exclude_none=True)
 
 
 class StoredGenerationRequest(BaseModel):
@@ -134,23 +138,21 @@ class TokenBatch(BaseModel):
 def token_batch_json(
     response_id: str, attempt: int, batch_no: int, token_ids: list[int], *, resumed_after: int | None = None,
     logprobs: list[float] | None = None, top_logprobs: list[list[tuple[int, float]]] | None = None,
-    parser_seed: ParserSeed | None = None, ended: GenerationEnded | None = None, emitted_at: float | None = None,
+    parser_seed_json: str | None = None, ended: GenerationEnded | None = None, emitted_at: float | None = None,
     first_emitted_at: float | None = None,
 ) -> bytes:
     """The batch as ``TokenBatch(...).model_dump_json(exclude_none=True)`` writes it, the
-    same bytes. A worker writes one per stream and engine step, and building the model
-    to write it cost several times the writing (docs/performance.md, "Batches and
-    announcements written without their models"): a batch with neither a seed nor an end
-    is written from its fields; one with either goes through the model."""
-    if parser_seed is not None or ended is not None:
-        return TokenBatch(response_id=response_id, attempt=attempt, batch_no=batch_no, token_ids=token_ids,
-                          resumed_after=resumed_after, logprobs=logprobs, top_logprobs=top_logprobs,
-                          parser_seed=parser_seed, ended=ended, emitted_at=emitted_at,
-                          first_emitted_at=first_emitted_at).model_dump_json(exclude_none=True).encode()
+    same bytes, its seed given as the JSON the API wrote (``GenerationRequest``). A worker
+    writes one per stream and engine step, and building the model to write it cost
+    several times the writing (docs/performance.md, "Batches and announcements written
+    without their models"), so it is written from its fields, the seed and the end
+    spliced in as they are encoded."""
     # In TokenBatch's field order, as the model writes them.
     fields: dict[str, Any] = {"kind": "tokens", "v": 1, "response_id": response_id, "attempt": attempt,
                               "batch_no": batch_no, "token_ids": token_ids}
     for name, value in (("resumed_after", resumed_after), ("logprobs", logprobs), ("top_logprobs", top_logprobs),
+                        ("parser_seed", None if parser_seed_json is None else orjson.Fragment(parser_seed_json)),
+                        ("ended", None if ended is None else orjson.Fragment(ended.model_dump_json(exclude_none=True))),
                         ("emitted_at", emitted_at), ("first_emitted_at", first_emitted_at)):
         if value is not None:
             fields[name] = value

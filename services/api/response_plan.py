@@ -22,6 +22,8 @@ class ResponsePlan:
     record: NewResponse
     first_events: list[LoggedEvent]
     generation: GenerationRequest
+    # Put on ``generation`` once the first events are stored and their last hash known.
+    parser_seed: ParserSeed
 
 
 def _input_items(request: CreateResponseRequest, response_id: str) -> list[dict[str, Any]]:
@@ -164,7 +166,7 @@ def plan_response(
         first_events=[created_event(snapshot)],
         generation=GenerationRequest(
             response_id=response_id, model=request.model, prompt_token_ids=prompt.token_ids, sampling=sampling,
-            parser_seed=ParserSeed(base_snapshot=snapshot, parse_context=record.parse_context),
             groupable=request.store,
         ),
+        parser_seed=ParserSeed(base_snapshot=snapshot, parse_context=record.parse_context),
     )

@@ -188,7 +188,7 @@ class ResponsesService:
         snapshot = plan.record.base_snapshot
         # Last before anything is stored: a refused request leaves nothing behind.
         await self._quotas.admit(tenant, response_id, len(prompt.token_ids))
-        plan.generation.chain_from(await self._store.create(plan.record, plan.first_events))
+        plan.generation.seed_parser(plan.parser_seed, await self._store.create(plan.record, plan.first_events))
         if request.conversation_id is not None:
             await self._append_to_conversation(request.conversation_id, tenant, plan.record)
         # A stream listens before the work is queued, so it starts from the events just

@@ -418,7 +418,7 @@ class GenerationWorker:
                 top_logprobs=pending.top_logprobs,
                 emitted_at=pending.emitted_at,
                 first_emitted_at=pending.first_emitted_at,
-                parser_seed=request.parser_seed if seeded and attempt == 0 and batch_no == 0 else None,
+                parser_seed_json=request.parser_seed_json if seeded and attempt == 0 and batch_no == 0 else None,
                 ended=ended,
             )
             msg_id = f"{rid}:{attempt}:{batch_no}"

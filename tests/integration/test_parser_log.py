@@ -118,6 +118,40 @@ async def test_redelivered_and_duplicated_batches_leave_the_log_exactly_once(sta
     assert [tuple(r) for r in rows] == seen
 
 
+async def test_the_first_batch_carries_the_seed_the_api_recorded(stack, client, db, settings):
+    """The worker passes the API's parser seed on to the response's first batch as it
+    came: what Postgres holds for the response, chained to its stored event's hash (a
+    seed lost on the way would go unseen, the parser reading it back from Postgres)."""
+    import nats
+
+    from steno.schemas.bus import ParserSeed, TokenBatch, token_partition_message, unpacked
+    from steno.services.common.bus import Names
+
+    response = client.responses.create(model=MODEL, input="seeded from the request", instructions="Be brief.")
+    names = Names(settings.namespace, settings.token_partitions)
+    partition = names.tokens_subject(response.id).split(".")[2]
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        subscription = await js.subscribe(f"{settings.namespace}.tokens.{partition}.>", stream=names.tokens_stream,
+                                          ordered_consumer=True)
+        first = None
+        while first is None:
+            msg = await subscription.next_msg(timeout=5)
+            for message, _ in unpacked(token_partition_message.validate_json(msg.data), None):
+                if isinstance(message, TokenBatch) and message.response_id == response.id and message.batch_no == 0:
+                    first = message
+        await subscription.unsubscribe()
+    finally:
+        await nc.close()
+    recorded = await db.fetchrow("SELECT base_snapshot::text, parse_context::text FROM responses WHERE id = $1",
+                                 response.id)
+    chain_head = await db.fetchval("SELECT hash FROM response_log WHERE response_id = $1 AND seq = 0", response.id)
+    assert first.parser_seed == ParserSeed(base_snapshot=orjson.loads(recorded[0]),
+                                           parse_context=orjson.loads(recorded[1]), chain_head=chain_head.hex())
+    assert first.parser_seed.base_snapshot["instructions"] == "Be brief."
+
+
 def test_tool_round_trip_through_the_sdk_stream_helper(client):
     with client.responses.stream(model=MODEL, input="Paris", tools=[WEATHER]) as stream:
         events = list(stream)

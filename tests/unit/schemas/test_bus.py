@@ -79,7 +79,11 @@ def test_a_partition_message_unpacks_into_the_token_stream_messages_it_carries()
 # Floats as an engine may give them, the infinite and undefined included (the model writes
 # those as null, and so must the batch written without it).
 _floats = st.floats(allow_nan=True, allow_infinity=True)
-_seeds = st.none() | st.builds(ParserSeed, base_snapshot=st.just({"id": RID}), parse_context=st.just({}))
+# A seed as the API writes it (``GenerationRequest.seed_parser``).
+_seeds = st.none() | st.builds(
+    ParserSeed, base_snapshot=st.dictionaries(st.text(), st.none() | st.text() | _floats | st.integers()),
+    parse_context=st.just({}), chain_head=st.none() | st.text(),
+).map(lambda seed: seed.model_dump_json(exclude_none=True))
 _ends = st.none() | st.builds(GenerationEnded, response_id=st.just(RID), attempt=st.integers(0, 3),
                               batch_count=st.integers(0, 9), finish_reason=st.sampled_from(["stop", "length"]))
 
@@ -90,11 +94,12 @@ _ends = st.none() | st.builds(GenerationEnded, response_id=st.just(RID), attempt
        st.none() | st.lists(st.lists(st.tuples(st.integers(0, 2**31 - 1), _floats), max_size=3)),
        _seeds, _ends, st.none() | _floats, st.none() | _floats)
 def test_a_batch_written_without_its_model_is_the_models_bytes(
-        response_id, attempt, batch_no, token_ids, resumed_after, logprobs, top_logprobs, parser_seed, ended,
+        response_id, attempt, batch_no, token_ids, resumed_after, logprobs, top_logprobs, parser_seed_json, ended,
         emitted_at, first_emitted_at):
-    fields = {"resumed_after": resumed_after, "logprobs": logprobs, "top_logprobs": top_logprobs,
-              "parser_seed": parser_seed, "ended": ended, "emitted_at": emitted_at,
-              "first_emitted_at": first_emitted_at}
-    written = token_batch_json(response_id, attempt, batch_no, token_ids, **fields)
-    model = TokenBatch(response_id=response_id, attempt=attempt, batch_no=batch_no, token_ids=token_ids, **fields)
+    fields = {"resumed_after": resumed_after, "logprobs": logprobs, "top_logprobs": top_logprobs, "ended": ended,
+              "emitted_at": emitted_at, "first_emitted_at": first_emitted_at}
+    written = token_batch_json(response_id, attempt, batch_no, token_ids, parser_seed_json=parser_seed_json, **fields)
+    parser_seed = None if parser_seed_json is None else ParserSeed.model_validate_json(parser_seed_json)
+    model = TokenBatch(response_id=response_id, attempt=attempt, batch_no=batch_no, token_ids=token_ids,
+                       parser_seed=parser_seed, **fields)
     assert written == model.model_dump_json(exclude_none=True).encode()
