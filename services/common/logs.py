@@ -129,4 +129,11 @@ def configure_logging(service: str, settings: Settings) -> None:
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(settings.log_level)
+    # Neither format shows a line's caller, thread or process, and finding them was a
+    # seventh of a line's cost (docs/performance.md, "The parser's seed passed on as it
+    # came"): Python's logging documentation names these switches for that.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     logging.captureWarnings(True)

@@ -29,6 +29,8 @@ def configure(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     monkeypatch.setattr(logs, "_content_logged", False)
+    for switch in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
 
     def configured(**settings: object) -> Callable[[], list[str]]:
         logs.configure_logging("api", Settings(**settings))
