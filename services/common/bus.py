@@ -131,6 +131,11 @@ class Names:
     def affinity_consumer(self, model: str, shard: int) -> str:
         return f"worker-{model_token(model)}-affinity-{shard}"
 
+    def exhausted_work_advisories(self) -> str:
+        """JetStream's advisories of requests that a work consumer will deliver no more,
+        having delivered them as often as it may (one subject per consumer)."""
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.gen_stream}.*"
+
     def tokens_subject(self, response_id: str) -> str:
         return f"{self.namespace}.tokens.{partition_of(response_id, self.token_partitions)}.{response_id}"
 

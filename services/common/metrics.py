@@ -63,6 +63,9 @@ FREE_SLOTS = Gauge("steno_worker_free_slots", "Generations this worker may still
 WORK_REDELIVERED = Counter("steno_work_redelivered_total",
                            "Generation requests taken up again after an earlier delivery (a worker died or gave "
                            "one back)", ["model"])
+WORK_EXHAUSTED = Counter("steno_work_exhausted_total",
+                         "Generation requests whose every delivery ended with its worker stopped (died, frozen or "
+                         "crashed by the request), failed visibly", ["model"])
 
 # Parsers.
 PARSED_EVENTS = Counter("steno_events_total", "Response events committed to the log", ["model"])

@@ -23,9 +23,10 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import ObjectNotFoundError
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -67,6 +68,7 @@ from steno.services.common.metrics import (
     GENERATIONS,
     IN_FLIGHT,
     PROMPT_TOKENS,
+    WORK_EXHAUSTED,
     WORK_REDELIVERED,
 )
 from steno.services.common.model_files import publish_model_files
@@ -134,6 +136,9 @@ class GenerationWorker:
         self._held = InProgress()
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
                                     credits=self._credits, held=self._held)
+        # What JetStream delivers this model's requests from, as its advisories name them.
+        self._consumers = {names.worker_consumer(model),
+                           *(names.affinity_consumer(model, shard) for shard in range(names.affinity_shards))}
         self._leases = PartitionLeases(nc, leases_bucket=names.affinity_leases_bucket,
                                        holders_bucket=names.affinity_holders_bucket,
                                        partitions=names.affinity_shards, instance_id=instance_id,
@@ -171,6 +176,8 @@ class GenerationWorker:
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=ACK_WAIT_S
             ),
         )
+        # Before the first pull, which may be what has JetStream give a request up.
+        exhausted = await self._nc.subscribe(names.exhausted_work_advisories(), cb=self._on_exhausted)
         await self._feed.start()
         self._lease_rounds = asyncio.create_task(self._leases.run(self._start_shard, self._stop_shard))
         # Every cancel order reaches every worker through this one watcher: a request not
@@ -189,6 +196,8 @@ class GenerationWorker:
         finally:
             registration.cancel()
             cancel_checks.cancel()
+            with suppress(Exception):
+                await exhausted.unsubscribe()
             await self._feed.stop()
             await self._hand_shards_on()
             await self._cancels.stop()
@@ -348,6 +357,57 @@ class GenerationWorker:
                                 completed_at=int(time.time()))
         await self._publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
                             f"{response_id}:{attempt}:{out.batches}")
+
+    async def _on_exhausted(self, advisory: Msg) -> None:
+        """A request of this model that JetStream will deliver no more: every worker that
+        took it stopped with it before its end (died, froze, or was crashed by the
+        request itself), so none could give it up. Whichever of the model's workers hears
+        first ends the response visibly (the end's message id makes the others' a
+        duplicate) and takes the request off the queue."""
+        try:
+            told = orjson.loads(advisory.data)
+            if told.get("consumer") in self._consumers:
+                await self._end_exhausted(int(told["stream_seq"]))
+        except Exception:
+            log.exception("ending a request that ran out of deliveries failed")
+
+    async def _end_exhausted(self, seq: int) -> None:
+        try:
+            stored = await self._js.get_msg(self._names.gen_stream, seq)
+        except NotFoundError:
+            return  # acked after all, or ended by another worker
+        work = generation_work.validate_json(stored.data or b"")
+        rid = work.response_id
+        with logs.response_context(response_id=rid, tenant=tenant_of(stored.headers), model=self._model):
+            prior = await read_prior_output(self._js, self._names, rid, since=stored.time)
+            if not prior.ended:
+                # An attempt number no delivery gives a worker: it comes after all of theirs.
+                ended = GenerationEnded(
+                    response_id=rid, attempt=MAX_DELIVER, batch_count=0, finish_reason="error",
+                    prompt_tokens=await self._prompt_tokens(work), output_tokens=len(prior.token_ids),
+                    error_code="server_error",
+                    error_message=f"The generation was taken up {MAX_DELIVER} times, and each worker that took it "
+                                  "stopped before its end; giving up.",
+                    completed_at=int(time.time()))
+                await self._publish(self._names.tokens_subject(rid), ended.model_dump_json().encode(),
+                                    f"{rid}:{MAX_DELIVER}:0")
+            try:
+                await self._js.delete_msg(self._names.gen_stream, seq)
+            except NotFoundError:
+                return  # another of the model's workers took it off first
+            if not prior.ended:
+                WORK_EXHAUSTED.labels(self._model).inc()
+                log.error("%s ran out of deliveries with no end published; the response fails", rid)
+
+    async def _prompt_tokens(self, work: GenerationWork) -> int:
+        """The request's prompt length, for the failed response's usage (0 where a stored
+        request is gone)."""
+        if isinstance(work, GenerationRequest):
+            return len(work.prompt_token_ids)
+        with suppress(ObjectNotFoundError):
+            stored = (await self._requests.get(work.name)).data or b""
+            return len(GenerationRequest.model_validate_json(stored).prompt_token_ids)
+        return 0
 
     async def _request_of(self, work: StoredGenerationRequest, msg: Msg, attempt: int) -> GenerationRequest | None:
         """The request a work message names in the request store; None (its response

@@ -2,7 +2,8 @@
 heartbeats hold off redelivery however many ack waits a generation lasts, and however
 slow the bus answers its other reads, so another worker never takes a live one's
 request over; one frozen past its ack wait leaves the request to the worker that took
-it over. A request that fails on every delivery ends visibly."""
+it over. A request that fails on every delivery ends visibly, and so does one whose every
+delivery went to a worker that stopped with it."""
 
 import asyncio
 import os
@@ -234,3 +235,66 @@ def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str,
     assert client.responses.retrieve(response_id).status == "in_progress"  # its end came second
     second.stop(signal.SIGKILL)
     frozen.remove(second)
+
+
+async def taken_and_dropped(settings, deliveries: int) -> None:
+    """Takes the model's one waiting request ``deliveries`` times, as workers that stop
+    with it would (a request that crashes its engine's process, say): never acked, each
+    delivery left to lapse after the ack wait."""
+    names = bus.Names.from_settings(settings)
+    nc = await bus.connect(settings, "test-dying-workers")
+    try:
+        feed = await nc.jetstream().pull_subscribe_bind(names.worker_consumer(MODEL), names.gen_stream)
+        for delivery in range(1, deliveries + 1):
+            [msg] = await feed.fetch(1, timeout=15)
+            assert msg.metadata.num_delivered == delivery
+            await asyncio.sleep(ACK_WAIT_S + 0.3)
+        await feed.unsubscribe()
+    finally:
+        await nc.close()
+
+
+async def queued_requests(settings) -> int:
+    names = bus.Names.from_settings(settings)
+    nc = await bus.connect(settings, "test-queue-depth")
+    try:
+        return (await nc.jetstream().stream_info(names.gen_stream)).state.messages
+    finally:
+        await nc.close()
+
+
+def test_a_request_whose_every_worker_stops_with_it_fails_visibly(settings, tmp_path):
+    """JetStream delivers a request no more once it has delivered it as often as the
+    consumer allows, and says so in an advisory; no worker is left to give it up, so the
+    next worker of the model to hear of it ends the response as failed, rather than
+    leaving it in progress for good, and takes the request off the queue."""
+    with separate_stack(settings, "exhausted", tmp_path) as stack:
+        stack.add("parser", "parser")
+        first = stack.add("worker-1", "worker", "--model", MODEL)
+        stack.add_api()
+        client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+        deadline = time.monotonic() + 30
+        while MODEL not in {model.id for model in client.models.list()}:
+            assert time.monotonic() < deadline, "the worker never registered its model"
+            time.sleep(0.1)
+        # Gone, its registration lives on for a few seconds: the request is accepted.
+        first.stop(signal.SIGKILL)
+        created = client.responses.create(model=MODEL, input="a request no worker survives", background=True)
+        asyncio.run(taken_and_dropped(stack.settings, worker_module.MAX_DELIVER))
+        assert client.responses.retrieve(created.id).status == "queued"  # nothing ends it by itself
+
+        # Two, both told: one end is recorded.
+        stack.add("worker-2", "worker", "--model", MODEL)
+        stack.add("worker-3", "worker", "--model", MODEL)
+        deadline = time.monotonic() + 30
+        while (final := client.responses.retrieve(created.id)).status in ("queued", "in_progress"):
+            assert time.monotonic() < deadline, "the response was left waiting"
+            time.sleep(0.2)
+        assert final.status == "failed"
+        assert final.error is not None and final.error.code == "server_error"
+        assert f"taken up {worker_module.MAX_DELIVER} times" in final.error.message
+        with client.responses.stream(response_id=created.id) as stream:
+            events = list(stream)
+        assert [e.type for e in events][-2:] == ["error", "response.failed"]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert asyncio.run(queued_requests(stack.settings)) == 0
