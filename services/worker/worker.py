@@ -176,6 +176,7 @@ class GenerationWorker:
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=ACK_WAIT_S
             ),
         )
+        self._requests = await request_store(self._js, names)
         # Before the first pull, which may be what has JetStream give a request up.
         exhausted = await self._nc.subscribe(names.exhausted_work_advisories(), cb=self._on_exhausted)
         await self._feed.start()
@@ -185,7 +186,6 @@ class GenerationWorker:
         self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
                                  on_put=self._on_cancel)
         await self._cancels.start()
-        self._requests = await request_store(self._js, names)
         registration = asyncio.create_task(self._register())
         cancel_checks = asyncio.create_task(self._check_cancels())
         # Beats on while stop() drains the requests still running.
@@ -367,7 +367,9 @@ class GenerationWorker:
         try:
             told = orjson.loads(advisory.data)
             if told.get("consumer") in self._consumers:
-                await self._end_exhausted(int(told["stream_seq"]))
+                seq = int(told["stream_seq"])
+                # Each step is safe to repeat, and a worker may be the only one told.
+                await patiently(lambda: self._end_exhausted(seq), "ending a request that ran out of deliveries")
         except Exception:
             log.exception("ending a request that ran out of deliveries failed")
 
