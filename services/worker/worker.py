@@ -350,13 +350,17 @@ class GenerationWorker:
                        exc: Exception) -> None:
         """Ends the response with an error at this attempt's next position, where the
         parser applies it whatever the earlier attempts published."""
-        ended = GenerationEnded(response_id=response_id, attempt=attempt, batch_count=out.batches,
-                                finish_reason="error", prompt_tokens=prompt_tokens, output_tokens=out.tokens,
-                                error_code="server_error",
-                                error_message=f"The generation failed on every delivery ({type(exc).__name__}).",
-                                completed_at=int(time.time()))
+        await self._end_with_error(response_id, attempt, out.batches, prompt_tokens, out.tokens,
+                                   f"The generation failed on every delivery ({type(exc).__name__}).")
+
+    async def _end_with_error(self, response_id: str, attempt: int, batch_count: int, prompt_tokens: int,
+                              output_tokens: int, message: str) -> None:
+        """Publishes the response's end, an error, at ``attempt``'s ``batch_count``."""
+        ended = GenerationEnded(response_id=response_id, attempt=attempt, batch_count=batch_count,
+                                finish_reason="error", prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                                error_code="server_error", error_message=message, completed_at=int(time.time()))
         await self._publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
-                            f"{response_id}:{attempt}:{out.batches}")
+                            f"{response_id}:{attempt}:{batch_count}")
 
     async def _on_exhausted(self, advisory: Msg) -> None:
         """A request of this model that JetStream will deliver no more: every worker that
@@ -384,15 +388,10 @@ class GenerationWorker:
             prior = await read_prior_output(self._js, self._names, rid, since=stored.time)
             if not prior.ended:
                 # An attempt number no delivery gives a worker: it comes after all of theirs.
-                ended = GenerationEnded(
-                    response_id=rid, attempt=MAX_DELIVER, batch_count=0, finish_reason="error",
-                    prompt_tokens=await self._prompt_tokens(work), output_tokens=len(prior.token_ids),
-                    error_code="server_error",
-                    error_message=f"The generation was taken up {MAX_DELIVER} times, and each worker that took it "
-                                  "stopped before its end; giving up.",
-                    completed_at=int(time.time()))
-                await self._publish(self._names.tokens_subject(rid), ended.model_dump_json().encode(),
-                                    f"{rid}:{MAX_DELIVER}:0")
+                await self._end_with_error(
+                    rid, MAX_DELIVER, 0, await self._prompt_tokens(work), len(prior.token_ids),
+                    f"The generation was taken up {MAX_DELIVER} times, and each worker that took it stopped "
+                    "before its end; giving up.")
             try:
                 await self._js.delete_msg(self._names.gen_stream, seq)
             except NotFoundError:
@@ -407,15 +406,18 @@ class GenerationWorker:
         if isinstance(work, GenerationRequest):
             return len(work.prompt_token_ids)
         with suppress(ObjectNotFoundError):
-            stored = (await self._requests.get(work.name)).data or b""
-            return len(GenerationRequest.model_validate_json(stored).prompt_token_ids)
+            return len((await self._stored_request(work)).prompt_token_ids)
         return 0
+
+    async def _stored_request(self, work: StoredGenerationRequest) -> GenerationRequest:
+        """The request a work message names in the request store (ObjectNotFoundError when gone)."""
+        return GenerationRequest.model_validate_json((await self._requests.get(work.name)).data or b"")
 
     async def _request_of(self, work: StoredGenerationRequest, msg: Msg, attempt: int) -> GenerationRequest | None:
         """The request a work message names in the request store; None (its response
         failed visibly) when it is gone."""
         try:
-            return GenerationRequest.model_validate_json((await self._requests.get(work.name)).data or b"")
+            return await self._stored_request(work)
         except ObjectNotFoundError:
             ended = GenerationEnded(response_id=work.response_id, attempt=attempt, batch_count=1,
                                     finish_reason="error", prompt_tokens=0, output_tokens=0,
