@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -85,6 +85,23 @@ class StoredGenerationRequest(BaseModel):
 
 GenerationWork = GenerationRequest | StoredGenerationRequest
 generation_work: TypeAdapter[GenerationWork] = TypeAdapter(Annotated[GenerationWork, Field(discriminator="kind")])
+
+
+class MaxDeliveriesAdvisory(BaseModel):
+    """JetStream's own message, not Steno's (so no ``v``): a consumer delivered the
+    stream's message ``stream_seq`` as often as it may and will deliver it no more. The
+    work stream's are kept in a stream of their own for the workers; JetStream's other
+    fields pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["io.nats.jetstream.advisory.v1.max_deliver"]
+    id: str
+    timestamp: str
+    stream: str
+    consumer: str
+    stream_seq: int
+    deliveries: int
 
 
 class GenerationEnded(BaseModel):

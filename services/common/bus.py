@@ -136,6 +136,17 @@ class Names:
         having delivered them as often as it may (one subject per consumer)."""
         return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.gen_stream}.*"
 
+    @property
+    def exhausted_work_stream(self) -> str:
+        """Keeps those advisories until a worker has ended their responses: JetStream says
+        each once, to whoever listens at that moment, which may be no worker at all."""
+        return f"{self.namespace.upper()}_GEN_EXHAUSTED"
+
+    @property
+    def exhausted_work_consumer(self) -> str:
+        """Shared by every worker, of any model: ending such a response needs no engine."""
+        return "workers"
+
     def tokens_subject(self, response_id: str) -> str:
         return f"{self.namespace}.tokens.{partition_of(response_id, self.token_partitions)}.{response_id}"
 
@@ -359,6 +370,16 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
         ),
         lambda existing: _refuse_other_partitions(existing, names),
     )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.exhausted_work_stream,
+            subjects=[names.exhausted_work_advisories()],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            num_replicas=names.replicas,
+        ),
+    )
 
 
 async def kv_bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int = 1) -> KeyValue:
@@ -429,7 +450,7 @@ def message_limit(nc: Client) -> int:
 
 async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     """Deletes every stream and bucket of a namespace (for test and benchmark runs)."""
-    for stream in (names.gen_stream, names.tokens_stream):
+    for stream in (names.gen_stream, names.tokens_stream, names.exhausted_work_stream):
         with suppress(Exception):
             await js.delete_stream(stream)
     for bucket in (names.cancel_bucket, names.workers_bucket, names.followers_bucket, names.parser_leases_bucket,

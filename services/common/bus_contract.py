@@ -32,6 +32,7 @@ from steno.schemas.bus import (
     ChatTemplateFiles,
     GenerationRequest,
     GenerationWork,
+    MaxDeliveriesAdvisory,
     TokenBatchGroup,
     TokenStreamMessage,
     WorkerRegistration,
@@ -62,6 +63,7 @@ PARAMETERS = {
     "response_id": "The response's id (resp_...).",
     "origin": "The API process that made the response: the eight hex characters after resp_ in its id.",
     "instance_id": "A live holder: host, pid and a random part (a host name with dots spans several tokens).",
+    "consumer": "A work consumer: worker-{model}, or worker-{model}-affinity-{shard}.",
 }
 # Parameters whose one token has a shape of its own (a response id is never ``grouped``).
 PARAMETER_PATTERNS = {"response_id": "resp_[^.]+"}
@@ -75,6 +77,8 @@ RESPONSE_HEADERS = {
 }
 
 Service = Literal["api", "worker", "parser"]
+# JetStream publishes its advisories itself.
+Publisher = Service | Literal["jetstream"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class BusMessages:
     worker_registration: type[BaseModel] = WorkerRegistration
     stored_request: type[BaseModel] = GenerationRequest
     model_files: type[BaseModel] = ChatTemplateFiles
+    max_deliveries_advisory: type[BaseModel] = MaxDeliveriesAdvisory
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ class Channel:
     subject: str
     payload: Any
     description: str
-    publishers: tuple[Service, ...]
+    publishers: tuple[Publisher, ...]
     receivers: tuple[Receiver, ...] = ()
     # The JetStream stream (or KV bucket) behind the subject; None for core NATS.
     stream: dict[str, Any] | None = None
@@ -127,6 +132,8 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
                   "storage": "file", "duplicate_window_s": DUPLICATE_WINDOW_S}
     tokens_stream = {"name": names.tokens_stream, "subjects": [f"{ns}.tokens.>"], "retention": "limits",
                      "storage": "file", "max_age_s": TOKENS_MAX_AGE_S, "duplicate_window_s": DUPLICATE_WINDOW_S}
+    exhausted_stream = {"name": names.exhausted_work_stream, "subjects": [names.exhausted_work_advisories()],
+                        "retention": "workqueue", "storage": "file"}
     kv_delete = ("A delete or purge (KV-Operation DEL or PURGE) carries no body; a key also lapses "
                  "silently after the bucket's TTL.")
 
@@ -152,6 +159,18 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
             receivers=(Receiver("worker", f"{ns}.gen.{{model}}.affinity.{{shard}}",
                                 "The worker holding the shard's lease pulls from it.",
                                 durable="worker-{model}-affinity-{shard}", ack="explicit"),),
+        ),
+        Channel(
+            "exhausted-work", names.exhausted_work_advisories().replace("*", "{consumer}"),
+            messages.max_deliveries_advisory,
+            "JetStream's advisory that a work consumer delivered a request as often as it may (each worker that "
+            "took it stopped with it before its end) and will deliver it no more; kept until a worker has ended "
+            "the response with an error and taken the request off the work stream.",
+            publishers=("jetstream",), stream=exhausted_stream,
+            receivers=(Receiver("worker", names.exhausted_work_advisories(), "Every worker, of any model, pulls "
+                                "from it (a standing pull request), acking once the response's end is published "
+                                "and the request deleted.", durable=names.exhausted_work_consumer,
+                                ack="explicit"),),
         ),
         Channel(
             "token-stream", f"{ns}.tokens.{{partition}}.{{response_id}}", messages.token_stream,
@@ -270,8 +289,9 @@ def _object_stores(names: Names) -> dict[str, Any]:
 
 
 # Subjects of JetStream's own API, which carry no message of Steno's: stream and consumer
-# requests, pull requests and acks, replies, and the object stores' chunks and metadata
-# (an object's content is described under x-steno-object-stores).
+# requests, pull requests and acks, events (but for the work stream's max-deliveries
+# advisories, a channel of their own), replies, and the object stores' chunks and
+# metadata (an object's content is described under x-steno-object-stores).
 JETSTREAM_INTERNAL = ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$JS.EVENT.>", "_INBOX.>", "$O.>"]
 
 

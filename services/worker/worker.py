@@ -23,7 +23,6 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 
-import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError, ObjectNotFoundError
@@ -36,6 +35,7 @@ from steno.schemas.bus import (
     GenerationEnded,
     GenerationRequest,
     GenerationWork,
+    MaxDeliveriesAdvisory,
     StoredGenerationRequest,
     TokenBatch,
     WorkerRegistration,
@@ -91,6 +91,8 @@ CANCEL_READS_AT_ONCE = 32
 # Publishing rides out a NATS restart this long before the attempt is abandoned.
 PUBLISH_PATIENCE_S = 60.0
 RETRY_DELAY_S = 0.5
+# Advisories of exhausted requests taken at a time; they are rare.
+EXHAUSTED_BATCH = 16
 
 
 @dataclass
@@ -136,9 +138,9 @@ class GenerationWorker:
         self._held = InProgress()
         self._feed = ContinuousPull(nc, names.gen_stream, names.worker_consumer(model), batch=concurrency,
                                     credits=self._credits, held=self._held)
-        # What JetStream delivers this model's requests from, as its advisories name them.
-        self._consumers = {names.worker_consumer(model),
-                           *(names.affinity_consumer(model, shard) for shard in range(names.affinity_shards))}
+        # Requests of any model that JetStream will deliver no more, as its advisories tell.
+        self._exhausted = ContinuousPull(nc, names.exhausted_work_stream, names.exhausted_work_consumer,
+                                         batch=EXHAUSTED_BATCH)
         self._leases = PartitionLeases(nc, leases_bucket=names.affinity_leases_bucket,
                                        holders_bucket=names.affinity_holders_bucket,
                                        partitions=names.affinity_shards, instance_id=instance_id,
@@ -176,9 +178,16 @@ class GenerationWorker:
                 durable, names.gen_subject(self._model), MAX_DELIVER, max_ack_pending=10_000, ack_wait_s=ACK_WAIT_S
             ),
         )
+        await ensure_consumer(
+            self._js,
+            names.exhausted_work_stream,
+            # Handled again (after the ack wait) for as long as its handling fails.
+            durable_pull_config(names.exhausted_work_consumer, names.exhausted_work_advisories(), max_deliver=-1,
+                                max_ack_pending=10_000),
+        )
         self._requests = await request_store(self._js, names)
-        # Before the first pull, which may be what has JetStream give a request up.
-        exhausted = await self._nc.subscribe(names.exhausted_work_advisories(), cb=self._on_exhausted)
+        await self._exhausted.start()
+        exhausted = asyncio.create_task(self._end_exhausted_requests())
         await self._feed.start()
         self._lease_rounds = asyncio.create_task(self._leases.run(self._start_shard, self._stop_shard))
         # Every cancel order reaches every worker through this one watcher: a request not
@@ -196,8 +205,8 @@ class GenerationWorker:
         finally:
             registration.cancel()
             cancel_checks.cancel()
-            with suppress(Exception):
-                await exhausted.unsubscribe()
+            exhausted.cancel()
+            await self._exhausted.stop()
             await self._feed.stop()
             await self._hand_shards_on()
             await self._cancels.stop()
@@ -362,20 +371,32 @@ class GenerationWorker:
         await self._publish(self._names.tokens_subject(response_id), ended.model_dump_json().encode(),
                             f"{response_id}:{attempt}:{batch_count}")
 
+    async def _end_exhausted_requests(self) -> None:
+        """Ends each request that JetStream will deliver no more: every worker that took
+        it stopped with it before its end (died, froze, or was crashed by the request
+        itself), so none could give it up. Whichever worker takes the advisory ends the
+        response visibly (the end's message id makes a repeat a duplicate) and takes the
+        request off the queue; an advisory is acked only then, so one whose worker dies
+        meanwhile goes to another."""
+        while True:
+            try:
+                advisories = await self._exhausted.next_messages(EXHAUSTED_BATCH)
+            except Exception:
+                log.exception("receiving exhausted requests failed; retrying")
+                await asyncio.sleep(RETRY_DELAY_S)
+                continue
+            for advisory in advisories:
+                try:
+                    await self._on_exhausted(advisory)
+                except Exception:
+                    log.exception("ending a request that ran out of deliveries failed; it is tried again after "
+                                  "the ack wait")
+
     async def _on_exhausted(self, advisory: Msg) -> None:
-        """A request of this model that JetStream will deliver no more: every worker that
-        took it stopped with it before its end (died, froze, or was crashed by the
-        request itself), so none could give it up. Whichever of the model's workers hears
-        first ends the response visibly (the end's message id makes the others' a
-        duplicate) and takes the request off the queue."""
-        try:
-            told = orjson.loads(advisory.data)
-            if told.get("consumer") in self._consumers:
-                seq = int(told["stream_seq"])
-                # Each step is safe to repeat, and a worker may be the only one told.
-                await patiently(lambda: self._end_exhausted(seq), "ending a request that ran out of deliveries")
-        except Exception:
-            log.exception("ending a request that ran out of deliveries failed")
+        seq = MaxDeliveriesAdvisory.model_validate_json(advisory.data).stream_seq
+        # Each step is safe to repeat.
+        await patiently(lambda: self._end_exhausted(seq), "ending a request that ran out of deliveries")
+        await advisory.ack()
 
     async def _end_exhausted(self, seq: int) -> None:
         try:
@@ -384,7 +405,7 @@ class GenerationWorker:
             return  # acked after all, or ended by another worker
         work = generation_work.validate_json(stored.data or b"")
         rid = work.response_id
-        with logs.response_context(response_id=rid, tenant=tenant_of(stored.headers), model=self._model):
+        with logs.response_context(response_id=rid, tenant=tenant_of(stored.headers), model=work.model):
             prior = await read_prior_output(self._js, self._names, rid, since=stored.time)
             if not prior.ended:
                 # An attempt number no delivery gives a worker: it comes after all of theirs.
@@ -395,9 +416,9 @@ class GenerationWorker:
             try:
                 await self._js.delete_msg(self._names.gen_stream, seq)
             except NotFoundError:
-                return  # another of the model's workers took it off first
+                return  # another worker took it off first
             if not prior.ended:
-                WORK_EXHAUSTED.labels(self._model).inc()
+                WORK_EXHAUSTED.labels(work.model).inc()
                 log.error("%s ran out of deliveries with no end published; the response fails", rid)
 
     async def _prompt_tokens(self, work: GenerationWork) -> int:

@@ -6,6 +6,7 @@ it over. A request that fails on every delivery ends visibly, and so does one wh
 delivery went to a worker that stopped with it."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -15,11 +16,12 @@ import asyncpg
 import openai
 import orjson
 import pytest
+from nats.js.errors import NotFoundError
 
 from steno.infra.embedded import free_port
 from steno.infra.processes import Stack, remove_namespace
 from steno.schemas.api import CreateResponseRequest
-from steno.schemas.bus import GenerationRequest
+from steno.schemas.bus import GenerationRequest, MaxDeliveriesAdvisory
 from steno.schemas.ids import new_response_id
 from steno.services.common import bus
 from steno.services.common.in_progress import ACK_WAIT_S
@@ -240,7 +242,8 @@ def frozen_and_taken_over(stack: Stack, client: openai.OpenAI, response_id: str,
 async def taken_and_dropped(settings, deliveries: int) -> None:
     """Takes the model's one waiting request ``deliveries`` times, as workers that stop
     with it would (a request that crashes its engine's process, say): never acked, each
-    delivery left to lapse after the ack wait."""
+    delivery left to lapse after the ack wait. A last pull finds it delivered as often as
+    it may be: JetStream gives it up then, and says so while no worker runs."""
     names = bus.Names.from_settings(settings)
     nc = await bus.connect(settings, "test-dying-workers")
     try:
@@ -249,7 +252,25 @@ async def taken_and_dropped(settings, deliveries: int) -> None:
             [msg] = await feed.fetch(1, timeout=15)
             assert msg.metadata.num_delivered == delivery
             await asyncio.sleep(ACK_WAIT_S + 0.3)
+        with pytest.raises(asyncio.TimeoutError):
+            await feed.fetch(1, timeout=2)
         await feed.unsubscribe()
+    finally:
+        await nc.close()
+
+
+async def kept_advisories(settings) -> list[MaxDeliveriesAdvisory]:
+    names = bus.Names.from_settings(settings)
+    nc = await bus.connect(settings, "test-advisories")
+    try:
+        js = nc.jetstream()
+        state = (await js.stream_info(names.exhausted_work_stream)).state
+        kept = []
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            with contextlib.suppress(NotFoundError):  # acked
+                kept.append(MaxDeliveriesAdvisory.model_validate_json(
+                    (await js.get_msg(names.exhausted_work_stream, seq)).data))
+        return kept
     finally:
         await nc.close()
 
@@ -265,9 +286,10 @@ async def queued_requests(settings) -> int:
 
 def test_a_request_whose_every_worker_stops_with_it_fails_visibly(settings, tmp_path):
     """JetStream delivers a request no more once it has delivered it as often as the
-    consumer allows, and says so in an advisory; no worker is left to give it up, so the
-    next worker of the model to hear of it ends the response as failed, rather than
-    leaving it in progress for good, and takes the request off the queue."""
+    consumer allows, and says so in an advisory, once, to whoever listens then. No worker
+    is left to give it up, nor to hear it: the advisory is kept, and the next worker
+    started ends the response as failed, rather than leaving it in progress for good,
+    and takes the request off the queue."""
     with separate_stack(settings, "exhausted", tmp_path) as stack:
         stack.add("parser", "parser")
         first = stack.add("worker-1", "worker", "--model", MODEL)
@@ -280,10 +302,14 @@ def test_a_request_whose_every_worker_stops_with_it_fails_visibly(settings, tmp_
         # Gone, its registration lives on for a few seconds: the request is accepted.
         first.stop(signal.SIGKILL)
         created = client.responses.create(model=MODEL, input="a request no worker survives", background=True)
+        names = bus.Names.from_settings(stack.settings)
         asyncio.run(taken_and_dropped(stack.settings, worker_module.MAX_DELIVER))
         assert client.responses.retrieve(created.id).status == "queued"  # nothing ends it by itself
+        [advisory] = asyncio.run(kept_advisories(stack.settings))
+        assert (advisory.stream, advisory.consumer, advisory.deliveries) == (
+            names.gen_stream, names.worker_consumer(MODEL), worker_module.MAX_DELIVER)
 
-        # Two, both told: one end is recorded.
+        # Two, either may take the advisory: one end is recorded.
         stack.add("worker-2", "worker", "--model", MODEL)
         stack.add("worker-3", "worker", "--model", MODEL)
         deadline = time.monotonic() + 30
@@ -297,4 +323,9 @@ def test_a_request_whose_every_worker_stops_with_it_fails_visibly(settings, tmp_
             events = list(stream)
         assert [e.type for e in events][-2:] == ["error", "response.failed"]
         assert [e.sequence_number for e in events] == list(range(len(events)))
+        # The request and the advisory are taken off once the end is published.
+        deadline = time.monotonic() + 10
+        while asyncio.run(kept_advisories(stack.settings)):
+            assert time.monotonic() < deadline, "the advisory was never acked"
+            time.sleep(0.2)
         assert asyncio.run(queued_requests(stack.settings)) == 0

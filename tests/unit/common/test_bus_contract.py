@@ -92,6 +92,7 @@ RESPONSE_ID = "resp_0123abcd" + "0" * 40
     f"$KV.{NAMES.parsers_bucket}.host.example-123-a1b2c3",
     f"$KV.{NAMES.affinity_leases_bucket}.gpt-oss-20b.p5",
     f"$KV.{NAMES.affinity_holders_bucket}.gpt-oss-20b.host-123-a1b2c3",
+    f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{NAMES.gen_stream}.{NAMES.affinity_consumer('gpt-oss-20b', 2)}",
 ])
 def test_every_subject_the_services_use_is_exactly_one_channel(subject):
     assert len(channels_of(asyncapi_document(), subject)) == 1, subject
@@ -104,7 +105,8 @@ def receivers(document: dict[str, Any]) -> list[dict[str, Any]]:
 def test_every_stream_consumer_bucket_and_store_is_documented():
     document = asyncapi_document()
     facts = [channel["x-steno"] for channel in document["channels"].values()]
-    assert {fact["stream"]["name"] for fact in facts if "stream" in fact} == {NAMES.gen_stream, NAMES.tokens_stream}
+    assert {fact["stream"]["name"] for fact in facts if "stream" in fact} == {
+        NAMES.gen_stream, NAMES.tokens_stream, NAMES.exhausted_work_stream}
     assert {fact["bucket"]["name"] for fact in facts if "bucket" in fact} == {
         NAMES.cancel_bucket, NAMES.workers_bucket, NAMES.followers_bucket, NAMES.parser_leases_bucket,
         NAMES.parsers_bucket,
@@ -113,7 +115,7 @@ def test_every_stream_consumer_bucket_and_store_is_documented():
     consumers = [template_pattern(receiver["consumer"]) for receiver in receivers(document)
                  if receiver.get("consumer", "(ephemeral)") != "(ephemeral)"]
     for durable in (NAMES.worker_consumer("gpt-oss-20b"), NAMES.affinity_consumer("gpt-oss-20b", 2),
-                    NAMES.parser_consumer(11)):
+                    NAMES.parser_consumer(11), NAMES.exhausted_work_consumer):
         assert any(consumer.fullmatch(durable) for consumer in consumers), durable
     filters = [template_pattern(receiver["subject"]) for receiver in receivers(document)]
     for subscribed in (NAMES.tokens_partition_filter(11), NAMES.events_subject("0123abcd"),
