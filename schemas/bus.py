@@ -83,7 +83,20 @@ class StoredGenerationRequest(BaseModel):
     name: str
 
 
-GenerationWork = GenerationRequest | StoredGenerationRequest
+class QueueCheck(BaseModel):
+    """Published by an API process on ``<ns>.gen.<model>`` for a response still ``queued``
+    well after it was stored, with the response id as its message id, as the response's
+    work has: JetStream drops it as a duplicate where the work reached the queue, and keeps
+    it only where it never did (the API that stored the response stopped before queuing
+    it). A worker that takes it ends the response with an error."""
+
+    kind: Literal["check"] = "check"
+    v: Literal[1] = 1
+    response_id: str
+    model: str
+
+
+GenerationWork = GenerationRequest | StoredGenerationRequest | QueueCheck
 generation_work: TypeAdapter[GenerationWork] = TypeAdapter(Annotated[GenerationWork, Field(discriminator="kind")])
 
 

@@ -34,6 +34,7 @@ from steno.services.api.errors import (
 )
 from steno.services.api.keys import KeyResolver
 from steno.services.api.models import ModelDirectory
+from steno.services.api.queue_checks import QueueChecks
 from steno.services.api.queue_depths import refresh_queue_depths
 from steno.services.api.quotas import QuotaGate
 from steno.services.api.rendering import PromptRenderer
@@ -99,6 +100,8 @@ class Api:
             # The ids this process makes carry it, so their events come on one subscription,
             # with those of the responses it follows from elsewhere.
             origin = new_origin()
+            checks = asyncio.create_task(QueueChecks(pool, publisher, names, origin).run())
+            resources.push_async_callback(_cancelled, checks)
             followers = FollowRegistry(await bus.follower_registry(js, names), origin)
             await followers.start()
             resources.push_async_callback(followers.stop)

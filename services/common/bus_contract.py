@@ -145,7 +145,9 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
         Channel(
             "generation-work", f"{ns}.gen.{{model}}", messages.generation_work,
             "Work for the model's workers, one message per response (a StoredGenerationRequest names a request "
-            "too large for a message, kept in the requests object store).",
+            "too large for a message, kept in the requests object store). A QueueCheck, which an API process "
+            "publishes for a response queued a while, with the response id as its message id, is stored only "
+            "where the response's work never was.",
             publishers=("api",), stream=gen_stream, headers={"Nats-Msg-Id": "the response id", **RESPONSE_HEADERS},
             receivers=(Receiver("worker", f"{ns}.gen.{{model}}", "Every worker of the model pulls from it "
                                 "(a standing pull request, as many messages as free generation slots).",

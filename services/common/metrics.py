@@ -66,6 +66,9 @@ WORK_REDELIVERED = Counter("steno_work_redelivered_total",
 WORK_EXHAUSTED = Counter("steno_work_exhausted_total",
                          "Generation requests whose every delivery ended with its worker stopped (died, frozen or "
                          "crashed by the request), failed visibly", ["model"])
+WORK_UNQUEUED = Counter("steno_work_unqueued_total",
+                        "Responses stored whose work never reached the queue (the API process that stored them "
+                        "stopped first), found by the API's queue checks and failed visibly", ["model"])
 
 # Parsers.
 PARSED_EVENTS = Counter("steno_events_total", "Response events committed to the log", ["model"])

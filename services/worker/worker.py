@@ -18,6 +18,7 @@ attempt reads what earlier ones published and continues from there."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from contextlib import suppress
@@ -36,6 +37,7 @@ from steno.schemas.bus import (
     GenerationRequest,
     GenerationWork,
     MaxDeliveriesAdvisory,
+    QueueCheck,
     StoredGenerationRequest,
     TokenBatch,
     WorkerRegistration,
@@ -45,6 +47,7 @@ from steno.schemas.bus import (
 from steno.services.common import logs
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
+    DUPLICATE_WINDOW_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
     cancel_flags,
@@ -70,6 +73,7 @@ from steno.services.common.metrics import (
     PROMPT_TOKENS,
     WORK_EXHAUSTED,
     WORK_REDELIVERED,
+    WORK_UNQUEUED,
 )
 from steno.services.common.model_files import publish_model_files
 from steno.services.common.stored_publish import StoredPublisher
@@ -93,6 +97,8 @@ PUBLISH_PATIENCE_S = 60.0
 RETRY_DELAY_S = 0.5
 # Advisories of exhausted requests taken at a time; they are rare.
 EXHAUSTED_BATCH = 16
+UNQUEUED = ("The response was stored, but the API process that stored it stopped before queuing its "
+            "generation; create it again.")
 
 
 @dataclass
@@ -426,6 +432,8 @@ class GenerationWorker:
         request is gone)."""
         if isinstance(work, GenerationRequest):
             return len(work.prompt_token_ids)
+        if isinstance(work, QueueCheck):
+            return 0
         with suppress(ObjectNotFoundError):
             return len((await self._stored_request(work)).prompt_token_ids)
         return 0
@@ -451,9 +459,31 @@ class GenerationWorker:
             await msg.ack()
             return None
 
+    async def _end_unqueued(self, check: QueueCheck, msg: Msg) -> None:
+        """A check JetStream kept: the response's work never reached the queue, so nothing
+        else will end it. Its end is the response's only token message (attempt 0, batch
+        0, whichever delivery this is: a repeat is a duplicate). Unless output was
+        published for it after all: a NATS restart forgets the message ids of work
+        already done and gone from the queue, whose responses a lagging parser may not
+        have marked in progress yet."""
+        rid = check.response_id
+        logs.bind(response_id=rid)
+        since = msg.metadata.timestamp - datetime.timedelta(seconds=DUPLICATE_WINDOW_S)
+        prior = await read_prior_output(self._js, self._names, rid, since=since)
+        if prior.ended or prior.token_ids:
+            log.info("%s: its work was queued after all; the check is dropped", rid)
+        else:
+            await self._end_with_error(rid, 0, 0, 0, 0, UNQUEUED)
+            WORK_UNQUEUED.labels(check.model).inc()
+            log.error("%s was stored but its work never reached the queue; the response fails", rid)
+        await msg.ack()
+
     async def _generate(self, msg: Msg) -> None:
         attempt = msg.metadata.num_delivered - 1
         work = generation_work.validate_json(msg.data)
+        if isinstance(work, QueueCheck):
+            await self._end_unqueued(work, msg)
+            return
         request = work if isinstance(work, GenerationRequest) else await self._request_of(work, msg, attempt)
         if request is None:
             return

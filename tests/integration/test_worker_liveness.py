@@ -32,6 +32,7 @@ from steno.services.worker.prior_output import read_prior_output
 from steno.services.worker.simulator import SimulatorEngine, SimulatorTiming
 from tests.conftest import separate_stack, started_in_background
 from tests.scraped_metrics import scrape, value
+from tests.work_queue import queued_requests
 
 pytestmark = pytest.mark.integration
 
@@ -271,15 +272,6 @@ async def kept_advisories(settings) -> list[MaxDeliveriesAdvisory]:
                 kept.append(MaxDeliveriesAdvisory.model_validate_json(
                     (await js.get_msg(names.exhausted_work_stream, seq)).data))
         return kept
-    finally:
-        await nc.close()
-
-
-async def queued_requests(settings) -> int:
-    names = bus.Names.from_settings(settings)
-    nc = await bus.connect(settings, "test-queue-depth")
-    try:
-        return (await nc.jetstream().stream_info(names.gen_stream)).state.messages
     finally:
         await nc.close()
 
