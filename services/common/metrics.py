@@ -71,6 +71,10 @@ WORK_UNQUEUED = Counter("steno_work_unqueued_total",
                         "stopped first), found by the API's queue checks and failed visibly", ["model"])
 
 # Parsers.
+TOKENS_GIVEN_UP = Counter("steno_parser_given_up_total",
+                          "Responses failed visibly at a token message's last delivery, every parser it reached "
+                          "before having stopped with it unsettled (crashed by it, maybe); it is not parsed",
+                          ["model"])
 PARSED_EVENTS = Counter("steno_events_total", "Response events committed to the log", ["model"])
 COMMIT_LATENCY = Histogram("steno_parser_commit_seconds", "One commit statement of the event log",
                            buckets=_COMMIT_BUCKETS)

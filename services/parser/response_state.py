@@ -84,6 +84,10 @@ class ResponseState:
     def final_snapshot(self) -> dict[str, Any] | None:
         return self._builder.final_snapshot
 
+    def has_applied(self, message: TokenStreamMessage) -> bool:
+        """Whether the stream is past ``message`` already (a redelivery), told without applying it."""
+        return self._order.place(message) is Placement.DUPLICATE
+
     def _start_events(self) -> list[LoggedEvent]:
         if self._started:
             return []

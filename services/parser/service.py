@@ -41,11 +41,11 @@ from steno.services.common.bus import (
     message_limit,
     partition_of,
 )
-from steno.services.common.continuous_pull import Arrivals, ContinuousPull
+from steno.services.common.continuous_pull import Arrivals, ContinuousPull, deliveries
 from steno.services.common.followers import Followers
 from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.leases import PartitionLeases
-from steno.services.common.metrics import PARSED_EVENTS
+from steno.services.common.metrics import PARSED_EVENTS, TOKENS_GIVEN_UP
 from steno.services.common.model_files import ensure_model_files
 from steno.services.common.reasoning_keys import ReasoningKeys
 from steno.services.common.tracing import exporting, tenant_of, trace_context, tracer
@@ -70,6 +70,11 @@ POISON_DELIVERIES = 4
 # deliveries follows one that is not coming: its response fails rather than waiting
 # for good (the deliveries above come over about a minute).
 STRANDED_DELIVERIES = 10
+# A message on this, its last, delivery is not parsed: each parser it reached before
+# stopped with it unsettled (killed by it, maybe), and JetStream delivers it no more,
+# so its responses fail rather than stay in progress for good.
+GIVEN_UP_MESSAGE = (f"A part of the model output was delivered to the parser {MAX_DELIVER} times, and each parser "
+                    "that took it stopped before storing it; giving up.")
 # States held in memory; a response silent long enough to fall out is rebuilt when it speaks.
 MAX_STATES = 20_000
 # A batch ahead of the one it follows is kept here, held, and tried again with whatever
@@ -358,6 +363,8 @@ class ParserService:
         to_park: list[Msg] = []
         # The messages that go with each write: acked once it is committed.
         written: dict[str, list[Msg]] = {}
+        # Responses failed at a message's last delivery (GIVEN_UP_MESSAGE).
+        given_up: set[str] = set()
         try:
             states = await self._states_for({response_id: items[0] for response_id, items in by_response.items()})
             for response_id, items in by_response.items():
@@ -368,6 +375,14 @@ class ParserService:
                     continue
                 write = ResponseWrite(response_id)
                 for position, (msg, decoded) in enumerate(items):
+                    if deliveries(msg) >= MAX_DELIVER and not state.has_applied(decoded):
+                        log.error("a token message of %s on its last delivery, unsettled by every parser before: "
+                                  "the response fails", response_id)
+                        await self._fail(response_id, write, GIVEN_UP_MESSAGE)
+                        given_up.add(response_id)
+                        # Acked once the failure is committed, as applied messages are.
+                        written.setdefault(response_id, []).extend(m for m, _ in items[position:])
+                        break
                     was_started = state.started
                     try:
                         applied = state.apply(decoded)
@@ -437,6 +452,8 @@ class ParserService:
                           fetched_ns)
             if (state := states.get(write.response_id)) is not None:
                 parsed_by_model[state.model] = parsed_by_model.get(state.model, 0) + len(write.events)
+                if write.response_id in given_up and write.final_snapshot is not None:
+                    TOKENS_GIVEN_UP.labels(state.model).inc()
             if write.final_snapshot is not None:
                 self._states.pop(write.response_id, None)
             announcing.add(write.response_id, write.events,

@@ -465,3 +465,91 @@ async def test_a_batch_ahead_of_the_one_it_follows_waits_for_it_in_the_parser(st
                                          response_id)]
     assert seqs == list(range(len(seqs)))
     assert await asyncio.to_thread(reparses_identically, stack.settings, response_id)
+
+
+def test_a_token_message_on_its_last_delivery_fails_its_response_unparsed(settings, tmp_path):
+    """A message that kills each parser it reaches (its process, not a Python error the
+    parser could catch) is delivered as often as the consumer allows, then no more: were
+    it its response's last, nothing would end that response. On its last delivery the
+    parser does not parse it: the response fails visibly, where its stream stood, and
+    the message is acked. The parsers before are played by the test, which takes the
+    message and hands it back; what the parser goes by is the delivery count."""
+    import openai
+    from nats.aio.client import Client
+
+    from steno.infra.embedded import free_port
+    from steno.services.common.bus import Names, partition_of
+    from steno.services.parser.service import GIVEN_UP_MESSAGE, MAX_DELIVER
+    from tests.conftest import reparses_identically, separate_stack
+    from tests.scraped_metrics import scrape, value
+
+    with separate_stack(settings, "givenup", tmp_path) as stack:
+        names = Names(stack.settings.namespace, stack.settings.token_partitions)
+        response_id = f"resp_givenup{stack.settings.namespace}"
+        consumer = names.parser_consumer(partition_of(response_id, names.token_partitions))
+        batches = asyncio.run(stored_in_three_batches(stack.settings, response_id, "never told to the end"))
+
+        async def publish(batch) -> None:
+            nc = Client()
+            await nc.connect(stack.settings.nats_url)
+            try:
+                await nc.jetstream().publish(names.tokens_subject(response_id), batch.model_dump_json().encode())
+            finally:
+                await nc.close()
+
+        async def taken_and_handed_back(deliveries: int) -> None:
+            nc = Client()
+            await nc.connect(stack.settings.nats_url)
+            try:
+                feed = await nc.jetstream().pull_subscribe_bind(consumer, names.tokens_stream)
+                for delivery in range(1, deliveries + 1):
+                    [msg] = await feed.fetch(1, timeout=15)
+                    assert msg.metadata.num_delivered == delivery
+                    await msg.nak()
+                await feed.unsubscribe()
+            finally:
+                await nc.close()
+
+        async def consumer_settled() -> bool:
+            nc = Client()
+            await nc.connect(stack.settings.nats_url)
+            try:
+                info = await nc.jetstream().consumer_info(names.tokens_stream, consumer)
+                return info.num_ack_pending == 0 and info.num_pending == 0
+            finally:
+                await nc.close()
+
+        stack.add_api()
+        client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+        first = stack.add("parser-1", "parser")
+        for batch in batches[:2]:
+            asyncio.run(publish(batch))
+        deadline = time.monotonic() + 30
+        while client.responses.retrieve(response_id).status != "in_progress" or not asyncio.run(consumer_settled()):
+            assert time.monotonic() < deadline, "the first two batches were never parsed"
+            time.sleep(0.1)
+        first.stop()
+
+        asyncio.run(publish(batches[2]))
+        asyncio.run(taken_and_handed_back(MAX_DELIVER - 1))
+        metrics_port = free_port()
+        stack.add("parser-2", "parser", "--metrics-port", str(metrics_port))
+        deadline = time.monotonic() + 30
+        while (final := client.responses.retrieve(response_id)).status == "in_progress":
+            assert time.monotonic() < deadline, "the response was left in progress"
+            time.sleep(0.2)
+        assert final.status == "failed"
+        assert final.error is not None and final.error.code == "server_error"
+        assert final.error.message == GIVEN_UP_MESSAGE
+        # What the first two batches said stays, and nothing of the third.
+        assert final.output_text != "never told to the end"
+        assert "never told to the end".startswith(final.output_text)
+        with client.responses.stream(response_id=response_id) as stream:
+            events = list(stream)
+        assert [e.type for e in events][-2:] == ["error", "response.failed"]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert value(scrape(f"http://127.0.0.1:{metrics_port}"), "steno_parser_given_up_total") == 1
+        while not asyncio.run(consumer_settled()):
+            assert time.monotonic() < deadline, "the message was never acked"
+            time.sleep(0.2)
+        assert reparses_identically(stack.settings, response_id)

@@ -110,6 +110,18 @@ def test_redelivered_batch_is_a_duplicate_and_gap_is_out_of_order():
         state.apply_batch(sent[2])
 
 
+def test_has_applied_tells_a_redelivery_from_what_comes_next_or_later_without_applying():
+    tokens = completion([assistant("final", "one two three four")])
+    sent = batches(tokens, [2, 2, 2])
+    state = ResponseState(RID, BASE, ParseContext())
+    state.apply_batch(sent[0])
+    assert state.has_applied(sent[0])
+    assert not state.has_applied(sent[1])
+    assert not state.has_applied(sent[2])
+    assert not state.has_applied(sent[1])  # telling applied nothing
+    assert state.apply_batch(sent[1]) is not None
+
+
 def test_random_splits_fold_to_the_same_snapshot():
     tokens = completion([assistant("analysis", "x" * 50), assistant("final", "y z " * 30)])
     rng = random.Random(7)
