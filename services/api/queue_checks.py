@@ -26,7 +26,7 @@ import asyncpg
 
 from steno.schemas.bus import QueueCheck
 from steno.schemas.ids import ORIGIN_CHARS
-from steno.services.common.bus import DUPLICATE_WINDOW_S, Names
+from steno.services.common.bus import WORK_DUPLICATE_WINDOW_S, Names
 from steno.services.common.stored_publish import StoredPublisher
 from steno.services.common.tracing import message_headers
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 5.0
 CHECK_AFTER_S = 20.0
 # Leaves the check half a minute of the duplicate window for clocks and a slow sweep.
-CHECK_UNTIL_S = DUPLICATE_WINDOW_S - 30.0
+CHECK_UNTIL_S = WORK_DUPLICATE_WINDOW_S - 30.0
 # Checks published at once.
 PUBLISHES_AT_ONCE = 64
 

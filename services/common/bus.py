@@ -58,6 +58,12 @@ ACK_WAIT_S = 30.0
 # longer so an operator can inspect a stuck response.
 TOKENS_MAX_AGE_S = 24 * 3600
 DUPLICATE_WINDOW_S = 120
+# The work stream's: the queue checks (services/api/queue_checks.py) tell work that never
+# reached the queue from work waiting there only within it, so it outlasts an API
+# process's restart after a crash, backoff included. NATS keeps every message id of the
+# window, a few hundred bytes each (docs/performance.md, "The work stream's duplicate
+# window").
+WORK_DUPLICATE_WINDOW_S = 600
 # A cancel flag outlives any request that could still be waiting in the queue.
 CANCEL_FLAG_TTL_S = 24 * 3600
 # Workers refresh their model's registration this often; it lapses after the TTL.
@@ -351,7 +357,7 @@ async def ensure_streams(js: JetStreamContext, names: Names) -> None:
             subjects=[f"{names.namespace}.gen.>"],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
+            duplicate_window=WORK_DUPLICATE_WINDOW_S,
             num_replicas=names.replicas,
         ),
     )

@@ -44,6 +44,7 @@ from steno.services.common.bus import (
     DUPLICATE_WINDOW_S,
     FOLLOW_TTL_S,
     TOKENS_MAX_AGE_S,
+    WORK_DUPLICATE_WINDOW_S,
     WORKER_REGISTRATION_TTL_S,
     Names,
 )
@@ -129,7 +130,7 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
     ns = namespace
     names = Names(namespace, token_partitions=1)
     gen_stream = {"name": names.gen_stream, "subjects": [f"{ns}.gen.>"], "retention": "workqueue",
-                  "storage": "file", "duplicate_window_s": DUPLICATE_WINDOW_S}
+                  "storage": "file", "duplicate_window_s": WORK_DUPLICATE_WINDOW_S}
     tokens_stream = {"name": names.tokens_stream, "subjects": [f"{ns}.tokens.>"], "retention": "limits",
                      "storage": "file", "max_age_s": TOKENS_MAX_AGE_S, "duplicate_window_s": DUPLICATE_WINDOW_S}
     exhausted_stream = {"name": names.exhausted_work_stream, "subjects": [names.exhausted_work_advisories()],

@@ -47,7 +47,7 @@ from steno.schemas.bus import (
 from steno.services.common import logs
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
-    DUPLICATE_WINDOW_S,
+    WORK_DUPLICATE_WINDOW_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
     cancel_flags,
@@ -468,7 +468,7 @@ class GenerationWorker:
         have marked in progress yet."""
         rid = check.response_id
         logs.bind(response_id=rid)
-        since = msg.metadata.timestamp - datetime.timedelta(seconds=DUPLICATE_WINDOW_S)
+        since = msg.metadata.timestamp - datetime.timedelta(seconds=WORK_DUPLICATE_WINDOW_S)
         prior = await read_prior_output(self._js, self._names, rid, since=since)
         if prior.ended or prior.token_ids:
             log.info("%s: its work was queued after all; the check is dropped", rid)

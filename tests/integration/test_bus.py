@@ -154,6 +154,29 @@ async def test_a_token_stream_made_before_it_named_its_partitions_takes_the_firs
         await nc.close()
 
 
+async def test_a_work_stream_made_with_the_earlier_duplicate_window_takes_the_longer_one_and_keeps_its_work(
+        settings: ApiSettings):
+    """The queue checks tell lost work from waiting work only within the work stream's
+    duplicate window: a deployment's stream from a release with a shorter one is brought
+    to it as any service starts, the requests waiting there kept, their ids still known."""
+    names = bus.Names(settings.namespace + "window", settings.token_partitions)
+    nc = await bus.connect(settings, "steno-test")
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=names.gen_stream, subjects=[f"{names.namespace}.gen.>"],
+                                         retention=RetentionPolicy.WORK_QUEUE, duplicate_window=120))
+        await js.publish(names.gen_subject("m"), b"{}", headers={"Nats-Msg-Id": "resp_waiting"})
+        await bus.ensure_streams(js, names)
+        info = await js.stream_info(names.gen_stream)
+        assert info.config.duplicate_window == bus.WORK_DUPLICATE_WINDOW_S
+        assert info.state.messages == 1
+        again = await js.publish(names.gen_subject("m"), b"{}", headers={"Nats-Msg-Id": "resp_waiting"})
+        assert again.duplicate
+    finally:
+        await bus.remove_namespace(js, names)
+        await nc.close()
+
+
 def left_at_the_default_count(settings: ApiSettings, **changes: object) -> ApiSettings:
     """``settings`` as a deployment that never set STENO_TOKEN_PARTITIONS has them."""
     return ApiSettings(**settings.model_dump(exclude={"token_partitions"})).with_changes(**changes)

@@ -92,6 +92,11 @@ def test_a_response_whose_work_never_reached_the_queue_fails_visibly(settings, t
         # The first API process stores one more and stops before queuing its work.
         lost = new_response_id(origin_of(waiting.id))
         asyncio.run(stored_as_an_api_would(stack.settings, lost))
+        # And one stored minutes before, its API process down since: no API process of
+        # the namespace ran for longer than a crash loop's backoff.
+        lost_earlier = new_response_id(origin_of(waiting.id))
+        asyncio.run(stored_as_an_api_would(stack.settings, lost_earlier, text="a request stored minutes ago"))
+        asyncio.run(stored_minutes_before(stack.settings, lost_earlier, 5))
         first_api.stop(signal.SIGKILL)
         # One of an origin no API process of this namespace recorded (another deployment
         # on the same database).
@@ -100,29 +105,30 @@ def test_a_response_whose_work_never_reached_the_queue_fails_visibly(settings, t
         try:
             stack.add_api()
             client = openai.OpenAI(base_url=stack.url_of(1), api_key=stack.keys["a"], max_retries=0)
-            # The lost response's check is kept; the waiting one's is a duplicate of its work.
+            # The lost responses' checks are kept; the waiting one's is a duplicate of its work.
             deadline = time.monotonic() + queue_checks.CHECK_AFTER_S + 30
-            while asyncio.run(queued_requests(stack.settings)) < 2:
+            while asyncio.run(queued_requests(stack.settings)) < 3:
                 assert time.monotonic() < deadline, "no check was kept"
                 time.sleep(0.5)
             time.sleep(2 * queue_checks.CHECK_EVERY_S)
-            assert asyncio.run(queued_requests(stack.settings)) == 2
+            assert asyncio.run(queued_requests(stack.settings)) == 3
             assert client.responses.retrieve(lost).status == "queued"  # until a worker takes the check
 
             metrics_port = free_port()
             stack.add("worker-2", "worker", "--model", MODEL, "--metrics-port", str(metrics_port))
             deadline = time.monotonic() + 30
-            while (final := client.responses.retrieve(lost)).status == "queued":
-                assert time.monotonic() < deadline, "the lost response was left queued"
-                time.sleep(0.2)
-            assert final.status == "failed"
-            assert final.error is not None and final.error.code == "server_error"
-            assert final.error.message == worker_module.UNQUEUED
-            with client.responses.stream(response_id=lost) as stream:
-                events = list(stream)
-            assert [e.type for e in events][-2:] == ["error", "response.failed"]
-            assert [e.sequence_number for e in events] == list(range(len(events)))
-            assert value(scrape(f"http://127.0.0.1:{metrics_port}"), "steno_work_unqueued_total") == 1
+            for response_id in (lost, lost_earlier):
+                while (final := client.responses.retrieve(response_id)).status == "queued":
+                    assert time.monotonic() < deadline, "the lost response was left queued"
+                    time.sleep(0.2)
+                assert final.status == "failed"
+                assert final.error is not None and final.error.code == "server_error"
+                assert final.error.message == worker_module.UNQUEUED
+                with client.responses.stream(response_id=response_id) as stream:
+                    events = list(stream)
+                assert [e.type for e in events][-2:] == ["error", "response.failed"]
+                assert [e.sequence_number for e in events] == list(range(len(events)))
+            assert value(scrape(f"http://127.0.0.1:{metrics_port}"), "steno_work_unqueued_total") == 2
 
             while (ran := client.responses.retrieve(waiting.id)).status in ("queued", "in_progress"):
                 assert time.monotonic() < deadline, "the waiting response never ran"
@@ -136,6 +142,15 @@ def test_a_response_whose_work_never_reached_the_queue_fails_visibly(settings, t
             assert asyncio.run(status_of(stack.settings, foreign)) == "queued"
         finally:
             asyncio.run(forget(stack.settings, foreign, FOREIGN_TENANT))
+
+
+async def stored_minutes_before(settings, response_id: str, minutes: int) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    try:
+        await conn.execute("UPDATE responses SET created_at = created_at - make_interval(mins => $2) WHERE id = $1",
+                           response_id, minutes)
+    finally:
+        await conn.close()
 
 
 async def status_of(settings, response_id: str) -> str:
