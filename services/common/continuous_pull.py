@@ -54,8 +54,8 @@ _V1_REPLY_TOKENS = 9
 
 
 def deliveries(msg: Msg) -> int:
-    """``msg.metadata.num_delivered``, read from its reply subject alone: a reader that
-    asks it of every message pays several times less than for the whole metadata
+    """``msg.metadata.num_delivered``, read from its reply subject alone: the parser asks
+    it of every message, and this costs several times less than the whole metadata
     (docs/performance.md, "The parser's last delivery")."""
     tokens = (msg.reply or "").split(".")
     return int(tokens[4] if len(tokens) == _V1_REPLY_TOKENS else tokens[Msg.Ack.NumDelivered])

@@ -396,8 +396,8 @@ class ParserService:
                             # it): the next try rebuilds the state from Postgres, or it
                             # would wait for batches that never come back to it.
                             self._states.pop(response_id, None)
-                        if position == 0 and msg.metadata.num_delivered >= STRANDED_DELIVERIES:
-                            log.error("%s, on delivery %d: the response fails", exc, msg.metadata.num_delivered)
+                        if position == 0 and deliveries(msg) >= STRANDED_DELIVERIES:
+                            log.error("%s, on delivery %d: the response fails", exc, deliveries(msg))
                             await self._fail(response_id, write, "The model output is incomplete: a part of it"
                                              " never reached the parser; giving up.")
                             to_ack += [m for m, _ in items]
@@ -412,7 +412,7 @@ class ParserService:
                     except Exception as exc:
                         log.exception("parsing %s failed; its state is dropped and rebuilt", response_id)
                         self._states.pop(response_id, None)
-                        if position == 0 and msg.metadata.num_delivered >= POISON_DELIVERIES:
+                        if position == 0 and deliveries(msg) >= POISON_DELIVERIES:
                             await self._fail_poisoned(response_id, write, exc)
                             to_ack += [m for m, _ in items]
                         else:
@@ -537,7 +537,7 @@ class ParserService:
 
 def retry_delay(msg: Msg) -> float:
     """How long a message handed back waits before its next delivery."""
-    return min(RETRY_DELAY_S * 2 ** max(0, msg.metadata.num_delivered - 2), MAX_RETRY_DELAY_S)
+    return min(RETRY_DELAY_S * 2 ** max(0, deliveries(msg) - 2), MAX_RETRY_DELAY_S)
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -558,7 +558,7 @@ def _fresh_seed(first: tuple[Msg, TokenStreamMessage]) -> ParserSeed | None:
     chain from (made by an API that predates the chain)."""
     msg, decoded = first
     if (isinstance(decoded, TokenBatch) and decoded.parser_seed is not None and decoded.attempt == 0
-            and decoded.batch_no == 0 and msg.metadata.num_delivered == 1
+            and decoded.batch_no == 0 and deliveries(msg) == 1
             and decoded.parser_seed.chain_head is not None):
         return decoded.parser_seed
     return None

@@ -60,7 +60,7 @@ from steno.services.common.bus import (
     request_store,
     worker_registry,
 )
-from steno.services.common.continuous_pull import ContinuousPull, Credits
+from steno.services.common.continuous_pull import ContinuousPull, Credits, deliveries
 from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
@@ -479,7 +479,14 @@ class GenerationWorker:
         await msg.ack()
 
     async def _generate(self, msg: Msg) -> None:
-        attempt = msg.metadata.num_delivered - 1
+        if self._held.lapsed(msg):
+            # Delivered to this worker's pull request while it was stopped (frozen, paused
+            # by its host): its ack wait ran out unread, so it is another delivery's now, or
+            # will be, and an attempt started here too would race that one's.
+            log.warning("a request delivered while this worker was stopped is left to its next delivery (%d)",
+                        deliveries(msg) + 1)
+            return
+        attempt = deliveries(msg) - 1
         work = generation_work.validate_json(msg.data)
         if isinstance(work, QueueCheck):
             await self._end_unqueued(work, msg)
