@@ -4,12 +4,19 @@ stored instead of one fetch round trip (and an expiry notice) per wake-up.
 nats-py's ``fetch`` sends a new request each call; while a partition sees a message every
 few milliseconds, those requests and their 408 replies outnumbered the token messages
 themselves (docs/performance.md). Here one request for ``batch`` messages stays open for
-``expires_s``; a new one goes out when it is used up, expires, or the server ends it.
-JetStream drops a request whose inbox lost its subscriber (a holder that stopped or
-died) when it next has a message for it, so a partition changes hands at once. A
-request lives ``expires_s`` and is renewed when it ends; a request NATS lost (a
-reconnect) or ended without its notice reaching us is renewed when noticed, checked
-every ``CHECK_EVERY_S``: rarely, since each request lives long.
+``expires_s``; a new one goes out when it is used up, when it nears its expiry, or when
+the server ends it. JetStream drops a request whose inbox lost its subscriber (a holder
+that stopped or died) when it next has a message for it, so a partition changes hands
+at once.
+
+The next request does not wait for the open one's end notice: it can come late or not at
+all, and waiting for it left the consumer without a request for as long as we gave the
+notice to come (docs/performance.md, "A stopped holder's pull requests"). A request
+without credits is renewed halfway through its life, so the two overlap and a busy
+reader late to renew leaves no gap; one with credits as it expires, since two open at
+once could take twice the credits. Each request has a reply subject of its own, so an
+end notice of one already replaced is told apart and ignored; a request NATS lost (a
+reconnect) is renewed when noticed.
 
 With ``credits`` the consumer takes no more messages than it can run at once (a
 worker's free slots): each message delivered uses a credit, ``release`` gives one back,
@@ -20,7 +27,12 @@ shards pull one message at a time for this reason).
 A request is never left waiting for a full batch: messages are handed over as they come.
 
 With ``held`` every message is held there from its arrival (kept from redelivery by
-in-progress acks) until its taker releases it, having acked it.
+in-progress acks) until its taker releases it, having acked it, and each request lives
+``HELD_EXPIRES_S``, less than a held message takes to lapse: a holder stopped (frozen,
+paused by its host) has no request open by the time anything it took is delivered
+again, so a message loses at most one delivery to it. A request that lived longer took
+redeliveries in turn with the live holders' requests, each lapsing unread, until a
+message ran out of deliveries.
 
 Pulls that share one ``Arrivals`` are read together: one wait for whatever any of them
 delivered, so a reader of many consumers (a parser's partitions, each given a message
@@ -38,15 +50,17 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from steno.services.common.in_progress import InProgress
+from steno.services.common.in_progress import LAPSE_S, InProgress
 
 log = logging.getLogger(__name__)
 
 STATUS = "Status"
 # Idle heartbeat of a request that found nothing yet; the server's end-of-request notices.
 HEARTBEAT, NO_MESSAGES, REQUEST_ENDED, CONFLICT = "100", "404", "408", "409"
-# How long past its expiry a request's end notice may be late before we stop waiting.
-GRACE_S = 0.5
+# How long a request lives: long, since renewing costs a request and its end notice, but
+# shorter than a held message's lapse where messages are held (the module's docstring).
+EXPIRES_S = 30.0
+HELD_EXPIRES_S = LAPSE_S
 # How often a waiting reader checks that its request is still there.
 CHECK_EVERY_S = 1.0
 # JetStream's reply subjects without a domain: $JS.ACK.<stream>.<consumer>.<delivered>...
@@ -82,17 +96,21 @@ class Credits:
 
 
 class ContinuousPull:
-    def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float = 30.0,
+    def __init__(self, nc: Client, stream: str, durable: str, batch: int = 256, expires_s: float | None = None,
                  credits: Credits | None = None, held: InProgress | None = None,
                  arrivals: Arrivals | None = None) -> None:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
-        self._expires_s = expires_s
+        self._expires_s = expires_s if expires_s is not None else EXPIRES_S if held is None else HELD_EXPIRES_S
         self._subscription: Subscription | None = None
         self._inbox = ""
+        self._requests_sent = 0
+        self._reply = ""  # the open request's reply subject
         self._left = 0  # messages the open request may still deliver; 0: none is open
-        self._ends_at = 0.0
+        # When the open request is replaced: halfway through its life, or at its end.
+        self._renew_at = 0.0
+        self._renew_after_s = self._expires_s if credits is not None else self._expires_s / 2
         self._reconnects = 0  # the connection's reconnect count when the request went out
         self._credits = credits
         self._held = held
@@ -100,7 +118,7 @@ class ContinuousPull:
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
-        self._subscription = await self._nc.subscribe(self._inbox, cb=self._on_message)
+        self._subscription = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
         self._arrivals.pulls.add(self)
         await self._request()
 
@@ -128,24 +146,26 @@ class ContinuousPull:
             return
         body = {"batch": size, "expires": int(self._expires_s * 1e9)}
         self._reconnects = self._nc.stats["reconnects"]
-        await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=self._inbox)
-        self._ends_at = time.monotonic() + self._expires_s + GRACE_S
+        self._requests_sent += 1
+        self._reply = f"{self._inbox}.{self._requests_sent}"
+        await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=self._reply)
+        self._renew_at = time.monotonic() + self._renew_after_s
 
     async def next_messages(self, limit: int) -> list[Msg]:
         """Waits for the next message, then takes whatever else has arrived, up to ``limit``."""
         return [msg for _, msg in await self._arrivals.next_messages(limit)]
 
     async def _renewed(self) -> float:
-        """Sends a new request where the open one is used up or gone without its end
-        notice (waiting for a credit first where there is none); returns the seconds
-        until the request must be checked again."""
+        """Sends a new request where the open one is used up, due for renewal, or lost
+        (waiting for a credit first where there is none); returns the seconds until the
+        request must be checked again."""
         while self._left == 0:
             await self._request()
             if self._left == 0 and self._credits is not None:  # no credit: wait for some to come back
                 await self._credits.returned()
-        if time.monotonic() >= self._ends_at or self._nc.stats["reconnects"] != self._reconnects:
+        if time.monotonic() >= self._renew_at or self._nc.stats["reconnects"] != self._reconnects:
             await self._request()
-        return min(CHECK_EVERY_S, self._ends_at - time.monotonic())
+        return min(CHECK_EVERY_S, self._renew_at - time.monotonic())
 
     async def _take(self, msg: Msg, taken: list[tuple[ContinuousPull, Msg]]) -> None:
         status = msg.headers.get(STATUS) if msg.headers else None
@@ -158,9 +178,9 @@ class ContinuousPull:
             self._left -= 1
             if self._credits is not None:
                 self._credits.use()
-            if self._left == 0:
+            if self._left <= 0:  # or fewer: a request being replaced may deliver a few more as it ends
                 await self._request()
-        elif status == HEARTBEAT:
+        elif status == HEARTBEAT or msg.subject != self._reply:  # the end of a request already replaced
             return
         elif status in (NO_MESSAGES, REQUEST_ENDED):
             await self._request()

@@ -8,7 +8,8 @@ and the log in Postgres identical to what the client saw. Prints a table with th
 longest pause each stream saw (the largest gap between two events it received) and the
 takeovers: partitions or affinity shards acquired from another holder and generation
 requests taken up again, counted by the parsers' and workers' own metrics from the
-failure on. Under "cpu-hog" (a busy loop on every core for a few seconds, every process
+failure on. "worker-freeze" and "parser-freeze" stop a process for longer than a stream
+lasts and wake it. Under "cpu-hog" (a busy loop on every core for a few seconds, every process
 alive) a takeover is a live process's work taken from it, and fails the trial.
 
     python -m tests.fault.suite                       # every failure, 3 trials, 16 streams
@@ -23,6 +24,7 @@ import asyncio
 import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,10 +45,14 @@ from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
-FAILURES = ["worker", "parser", "api", "nats-restart", "nats-node", "postgres", "poison", "poisoned-output",
-            "cpu-hog"]
+FAILURES = ["worker", "parser", "api", "worker-freeze", "parser-freeze", "nats-restart", "nats-node", "postgres",
+            "poison", "poisoned-output", "cpu-hog"]
 # Failures that kill nothing: any takeover during them took work from a live process.
 NOTHING_DIES = {"cpu-hog"}
+# A process stopped (SIGSTOP: a paused host or container) longer than any stream lasts,
+# then woken: its work goes on elsewhere meanwhile, and it must not spoil it on waking.
+FREEZES = {"worker-freeze": "worker", "parser-freeze": "parser"}
+FREEZE_S = 8.0
 # The busy loop "cpu-hog" runs on every core, each process ending by itself.
 HOG_S = 8.0
 BUSY_LOOP = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end:\n    pass\n"
@@ -198,6 +204,13 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
         victim.start(_env(stack))
         if failure == "api":
             await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{victim.argv[-1]}", victim)
+    elif failure in FREEZES:
+        victim = rng.choice([p for p in env_stack.processes if p.name.startswith(FREEZES[failure])])
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(FREEZE_S)
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
     elif failure == "nats-restart":
         bus.nodes[0].stop()
         await asyncio.sleep(2)

@@ -1,6 +1,7 @@
 """Standing pull requests (the parser's partitions, a worker's slots), against real JetStream consumers."""
 
 import asyncio
+import contextlib
 import secrets
 import time
 from contextlib import asynccontextmanager
@@ -214,3 +215,19 @@ async def test_pulls_sharing_credits_take_no_more_than_the_credits_and_their_ope
         assert len(await receive(first, 1)) == 1
         assert (await js.consumer_info(stream, "reader")).num_pending + \
             (await js.consumer_info(stream, "other")).num_pending == 3
+
+
+async def test_a_reader_busy_between_reads_keeps_one_request_open_and_never_piles_them_up(consumer):
+    """A request without credits is replaced halfway through its life, so a reader that
+    reads at least that often always has one open, whatever it does in between; the
+    replaced request's end notice, coming later, sends no other."""
+    nc, js, stream, _ = consumer
+    async with reading(nc, stream, batch=8, expires_s=0.6) as feed:
+        open_requests = []
+        for _ in range(12):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(feed.next_messages(8), 0.01)
+            await asyncio.sleep(0.25)  # busy elsewhere, past the request's halfway
+            open_requests.append((await js.consumer_info(stream, "reader")).num_waiting)
+        assert min(open_requests) >= 1, open_requests
+        assert max(open_requests) <= 2, open_requests

@@ -1,9 +1,11 @@
 """Messages held through one in-progress timer, against a real JetStream consumer with
 the services' ack wait: held, a message outlives its ack wait many times over; released
 unacked (its holder gone), it is delivered again, alone; held by a holder frozen past
-the ack wait, it is another delivery's, and the holder knows it."""
+the ack wait, it is another delivery's, and the holder knows it; a holder stopped for
+good takes in none of its redeliveries."""
 
 import asyncio
+import contextlib
 import secrets
 
 import nats
@@ -20,7 +22,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def holder(settings):
     """A holder of a fresh consumer with the services' ack wait: the JetStream context,
-    the consumer's subject, what it holds, and its pull."""
+    the consumer's subject, what it holds, and its pull; and a reader of the same
+    consumer beside it, started on demand."""
     nc = await nats.connect(settings.nats_url)
     js = nc.jetstream()
     stream = f"{settings.namespace.upper()}_HELD_{secrets.token_hex(3).upper()}"
@@ -31,9 +34,12 @@ async def holder(settings):
     held = InProgress()
     feed = ContinuousPull(nc, stream, "holder", batch=10, held=held)
     await feed.start()
+    beside = ContinuousPull(nc, stream, "holder", batch=10)
     try:
-        yield js, subject, held, feed
+        yield js, subject, held, feed, beside
     finally:
+        if beside.receiving:
+            await beside.stop()
         await feed.stop()
         await js.delete_stream(stream)
         await nc.close()
@@ -47,7 +53,7 @@ async def received(feed: ContinuousPull, count: int) -> list:
 
 
 async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wait(holder):
-    js, subject, held, feed = holder
+    js, subject, held, feed, _ = holder
 
     async def beating() -> None:
         while True:
@@ -80,7 +86,7 @@ async def test_a_holder_late_past_the_ack_wait_knows_its_ack_is_not_its_own_to_g
     another delivery, and an ack from the lapsed delivery would settle that one too (so
     it must not ack): a message another delivery still holds comes back once that holder
     goes, one that the lapsed delivery acked never does."""
-    js, subject, held, feed = holder
+    js, subject, held, feed, _ = holder
     for n in range(2):
         await js.publish(subject, f"m{n}".encode())
     first = await received(feed, 2)
@@ -103,3 +109,20 @@ async def test_a_holder_late_past_the_ack_wait_knows_its_ack_is_not_its_own_to_g
     await third[0].ack()
     with pytest.raises(TimeoutError):  # and m0 never comes back
         await asyncio.wait_for(feed.next_messages(10), 3 * ACK_WAIT_S)
+
+
+async def test_a_stopped_holder_takes_in_none_of_the_redeliveries_of_what_it_held(holder):
+    """A holder stopped (frozen, paused by its host) neither beats nor reads: its open
+    request ends before what it held lapses, so every later delivery goes to the reader
+    still running, none back to it to lapse unread. A longer-lived request took them in
+    turn with the live one's, and a message could spend its every delivery there."""
+    js, subject, _, stopped, live = holder
+    await js.publish(subject, b"m")
+    [first] = await received(stopped, 1)  # from here on it neither beats nor reads
+    await live.start()
+    seen: list[int] = []
+    with contextlib.suppress(TimeoutError):
+        while len(seen) < 4:  # the consumer's max_deliver is 5
+            seen += [m.metadata.num_delivered for m in await asyncio.wait_for(live.next_messages(10), 3 * ACK_WAIT_S)]
+    assert seen == [2, 3, 4, 5]
+    assert first.metadata.num_delivered == 1
