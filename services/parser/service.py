@@ -62,8 +62,9 @@ MAX_DELIVER = 20
 RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
 # While Postgres is unreachable the messages stay held and are tried again in place
-# (never handed back, so no delivery is spent on an outage), backing off to this.
-MAX_UNREACHABLE_WAIT_S = 5.0
+# (never handed back, so no delivery is spent on an outage), backing off to this: the
+# partitions go on within about this long of its return, and a try costs little.
+MAX_UNREACHABLE_WAIT_S = 1.0
 # A batch that fails this many deliveries in a row fails its response.
 POISON_DELIVERIES = 4
 # A batch still ahead of everything Postgres holds for its response on this many
