@@ -28,9 +28,10 @@ A request is never left waiting for a full batch: messages are handed over as th
 
 With ``held`` every message is held there from its arrival (kept from redelivery by
 in-progress acks) until its taker releases it, having acked it, and each request lives
-``HELD_EXPIRES_S``, less than a held message takes to lapse: a holder stopped (frozen,
-paused by its host) has no request open by the time anything it took is delivered
-again, so a message loses at most one delivery to it. A request that lived longer took
+``HELD_EXPIRES_S``, no longer than a held message takes to lapse: a holder stopped
+(frozen, paused by its host) has no request open by the time anything it took is
+delivered again, so a message loses one delivery to it (two where its last beat before
+the stop came late). A request that lived longer took
 redeliveries in turn with the live holders' requests, each lapsing unread, until a
 message ran out of deliveries.
 
@@ -107,7 +108,7 @@ class ContinuousPull:
         self._inbox = ""
         self._requests_sent = 0
         self._reply = ""  # the open request's reply subject
-        self._left = 0  # messages the open request may still deliver; 0: none is open
+        self._left = 0  # messages the newest request may still deliver; 0: none is open
         # When the open request is replaced: halfway through its life, or at its end.
         self._renew_at = 0.0
         self._renew_after_s = self._expires_s if credits is not None else self._expires_s / 2
