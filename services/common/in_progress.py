@@ -17,6 +17,7 @@ it was stopped, its ack wait ran while nobody read it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -66,6 +67,16 @@ class InProgress:
         or reached this one as it woke from a stop."""
         hold = self._held.get(id(msg))
         return hold is not None and (hold.lapsed or self._clock() - hold.beaten_at >= LAPSE_S)
+
+    async def keep(self) -> None:
+        """Beats every ``BEAT_S`` until cancelled, the first beat at once: a holder stopped
+        before its first beat could not tell the stop, and would hold what reached it
+        meanwhile as its own. Nothing else runs on this timer: a beat that waits for
+        anything else (a round trip per held message, on a loaded bus) lets the ack wait
+        run out under messages whose holder is alive, and they are handled twice."""
+        while True:
+            await self.beat()
+            await asyncio.sleep(BEAT_S)
 
     async def beat(self) -> None:
         """In-progress-acks every message held now."""

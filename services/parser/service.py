@@ -43,7 +43,7 @@ from steno.services.common.bus import (
 )
 from steno.services.common.continuous_pull import Arrivals, ContinuousPull, deliveries
 from steno.services.common.followers import Followers
-from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
+from steno.services.common.in_progress import ACK_WAIT_S, InProgress
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import PARSED_EVENTS, TOKENS_GIVEN_UP
 from steno.services.common.model_files import ensure_model_files
@@ -144,7 +144,7 @@ class ParserService:
                 ),
             )
         log.info("parser %s ready", self._instance_id)
-        beats = asyncio.create_task(self._beat())
+        beats = asyncio.create_task(self._held.keep())
         consuming = asyncio.create_task(self._consume())
         try:
             await self._leases.run(self._start_partition, self._stop_partition)
@@ -153,11 +153,6 @@ class ParserService:
                 task.cancel()
             await asyncio.gather(beats, consuming, return_exceptions=True)
             await self._followers.stop()
-
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(BEAT_S)
-            await self._held.beat()
 
     async def stop(self) -> None:
         """Hands every partition back at once, so another parser need not wait for expiry."""

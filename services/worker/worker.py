@@ -61,7 +61,7 @@ from steno.services.common.bus import (
     worker_registry,
 )
 from steno.services.common.continuous_pull import ContinuousPull, Credits, deliveries
-from steno.services.common.in_progress import ACK_WAIT_S, BEAT_S, InProgress
+from steno.services.common.in_progress import ACK_WAIT_S, InProgress
 from steno.services.common.kv_mirror import KvMirror
 from steno.services.common.leases import PartitionLeases
 from steno.services.common.metrics import (
@@ -203,8 +203,10 @@ class GenerationWorker:
         await self._cancels.start()
         registration = asyncio.create_task(self._register())
         cancel_checks = asyncio.create_task(self._check_cancels())
-        # Beats on while stop() drains the requests still running.
-        self._heartbeats = asyncio.create_task(self._heartbeat())
+        # Keeps every request held here ours, from its delivery (reading the request and
+        # the earlier attempts' output included) to its ack; beats on while stop() drains
+        # the requests still running.
+        self._heartbeats = asyncio.create_task(self._held.keep())
         log.info("worker for model %s (engine %s) ready", self._model, self._engine.name)
         try:
             await self._take_work(self._feed)
@@ -319,17 +321,6 @@ class GenerationWorker:
         finally:
             self._held.release(msg)
             self._credits.release()
-
-    async def _heartbeat(self) -> None:
-        """Keeps every request held here ours, from its delivery (reading the request and
-        the earlier attempts' output included) to its ack: one timer for all of them
-        rather than a task per request. Nothing else runs on this timer: a beat that
-        waits for anything else (a round trip per running request, on a loaded bus)
-        lets the ack wait run out under requests that are alive, and they are
-        generated twice."""
-        while True:
-            await asyncio.sleep(BEAT_S)
-            await self._held.beat()
 
     async def _check_cancels(self) -> None:
         """Reads the running requests' cancel flags directly every ``CANCEL_CHECK_S``,

@@ -75,3 +75,19 @@ def test_a_message_read_as_its_holder_wakes_from_a_stop_may_be_another_s():
     held.hold(a_beat_later)
     assert held.lapsed(before_the_late_beat) and held.lapsed(after_it)
     assert not held.lapsed(a_beat_later)
+
+
+def test_a_holder_stopped_just_after_it_starts_keeping_knows_what_reached_it_meanwhile():
+    clock = Clock()
+    held = InProgress(clock)
+
+    async def stopped_after_the_first_beat() -> None:
+        keeping = asyncio.create_task(held.keep())
+        await asyncio.sleep(0)  # the first beat, at once
+        keeping.cancel()
+        clock.now += 2 * LAPSE_S  # stopped before the next
+        message = Delivery()
+        held.hold(message)
+        assert held.lapsed(message)
+
+    asyncio.run(stopped_after_the_first_beat())
