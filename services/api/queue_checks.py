@@ -14,7 +14,11 @@ that response with an error.
 store to the publish's acknowledgement (the request store's write, then the PubAck's
 timeout). ``CHECK_UNTIL_S`` is within JetStream's duplicate window, which is what tells
 the two cases apart: a response whose API stopped, with no API process running again
-within that window, stays queued."""
+within that window, stays queued.
+
+Each round also marks this process's origin seen and deletes the origins unseen for
+``ORIGIN_FORGOTTEN_AFTER_S``, so the table holds the processes that may still have
+responses within the checks' reach, not a row for every process ever started."""
 
 from __future__ import annotations
 
@@ -39,9 +43,18 @@ CHECK_UNTIL_S = WORK_DUPLICATE_WINDOW_S - 30.0
 # Checks published at once.
 PUBLISHES_AT_ONCE = 64
 
-_RECORD_ORIGIN = "INSERT INTO api_origins (origin, namespace) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+# An origin unseen this long made nothing the checks still look at (CHECK_UNTIL_S back),
+# with an hour to spare for a process whose rounds stalled: its row goes. A process that
+# comes back marks it again at its next round, well before its responses are checked.
+ORIGIN_FORGOTTEN_AFTER_S = CHECK_UNTIL_S + 3600.0
+
+_MARK_ORIGIN_SEEN = """
+INSERT INTO api_origins (origin, namespace) VALUES ($1, $2)
+ON CONFLICT (origin) DO UPDATE SET seen_at = now()
+"""
+_FORGET_ORIGINS = "DELETE FROM api_origins WHERE seen_at < now() - make_interval(secs => $1)"
 # Through the index of running responses (migration 0011); only those of this
-# namespace's API processes (migration 0013).
+# namespace's API processes (migrations 0013, 0014).
 _QUEUED_A_WHILE = """
 SELECT r.id, r.model FROM responses AS r
 JOIN api_origins AS o ON o.origin = substr(r.id, 6, $3)
@@ -60,19 +73,23 @@ class QueueChecks:
         self._checked: dict[str, float] = {}
 
     async def run(self) -> None:
-        """Records this process's origin (its responses are then ones its namespace's
-        processes check, whenever they were made), then checks until cancelled, first at
-        once: a process started after another stopped finds what that one left."""
-        recorded = False
+        """A round every ``CHECK_EVERY_S`` until cancelled, the first at once: a process
+        started after another stopped finds what that one left."""
         while True:
             try:
-                if not recorded:
-                    await self._pool.execute(_RECORD_ORIGIN, self._origin, self._names.namespace)
-                    recorded = True
-                await self.check_once()
+                await self.round()
             except Exception as exc:
                 log.warning("checking queued responses failed (%s); trying again in %.0f s", exc, CHECK_EVERY_S)
             await asyncio.sleep(CHECK_EVERY_S)
+
+    async def round(self) -> int:
+        """Marks this process's origin seen (its responses are then ones its namespace's
+        processes check, whenever they were made), forgets the origins of processes long
+        gone, and checks; returns how many checks it published."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(_MARK_ORIGIN_SEEN, self._origin, self._names.namespace)
+            await conn.execute(_FORGET_ORIGINS, ORIGIN_FORGOTTEN_AFTER_S)
+        return await self.check_once()
 
     async def check_once(self) -> int:
         """Publishes a check for each response queued a while that this process has not

@@ -192,3 +192,54 @@ def test_a_check_kept_for_work_already_done_fails_nothing(settings, tmp_path):
             time.sleep(0.2)
         assert final.status == "completed"
         assert final.output_text == said
+
+
+async def origins(settings, namespace: str | None = None) -> dict[str, float]:
+    """The recorded origins (of one namespace, if named), with the seconds since each
+    was last seen."""
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    try:
+        rows = await conn.fetch("SELECT origin, extract(epoch FROM now() - seen_at)::float8 AS unseen_s"
+                                " FROM api_origins WHERE $1::text IS NULL OR namespace = $1", namespace)
+        return {row["origin"]: row["unseen_s"] for row in rows}
+    finally:
+        await conn.close()
+
+
+async def seen_before(settings, origin: str, namespace: str, seconds: float) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    try:
+        await conn.execute("INSERT INTO api_origins (origin, namespace, seen_at)"
+                           " VALUES ($1, $2, now() - make_interval(secs => $3))"
+                           " ON CONFLICT (origin) DO UPDATE SET seen_at = excluded.seen_at",
+                           origin, namespace, seconds)
+    finally:
+        await conn.close()
+
+
+def test_the_origins_of_processes_long_gone_are_forgotten_and_live_ones_kept(settings, tmp_path):
+    with separate_stack(settings, "origins", tmp_path) as stack:
+        stack.add_api()
+        namespace = stack.settings.namespace
+        deadline = time.monotonic() + 10
+        while not (started := asyncio.run(origins(stack.settings, namespace))):  # recorded as it starts
+            assert time.monotonic() < deadline, "the API process never recorded its origin"
+            time.sleep(0.2)
+        (live,) = started
+        gone, gone_elsewhere, recent = (origin_of(new_response_id()) for _ in range(3))
+        long_ago = queue_checks.ORIGIN_FORGOTTEN_AFTER_S + 60
+        asyncio.run(seen_before(stack.settings, gone, namespace, long_ago))
+        asyncio.run(seen_before(stack.settings, gone_elsewhere, namespace + "-another", long_ago))
+        # Its responses may still be queued within the checks' reach: kept.
+        asyncio.run(seen_before(stack.settings, recent, namespace, queue_checks.CHECK_UNTIL_S))
+        # A live process whose rounds had stalled: marked seen again, if forgotten meanwhile.
+        asyncio.run(seen_before(stack.settings, live, namespace, long_ago))
+
+        deadline = time.monotonic() + 3 * queue_checks.CHECK_EVERY_S
+        while {gone, gone_elsewhere} & (recorded := asyncio.run(origins(stack.settings))).keys():
+            assert time.monotonic() < deadline, "the origins of processes long gone were kept"
+            time.sleep(0.5)
+        while (recorded := asyncio.run(origins(stack.settings))).get(live, long_ago) > queue_checks.CHECK_EVERY_S + 5:
+            assert time.monotonic() < deadline, "a live process's origin was not marked seen again"
+            time.sleep(0.5)
+        assert recent in recorded
