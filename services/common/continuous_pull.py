@@ -31,9 +31,8 @@ in-progress acks) until its taker releases it, having acked it, and each request
 ``HELD_EXPIRES_S``, no longer than a held message takes to lapse: a holder stopped
 (frozen, paused by its host) has no request open by the time anything it took is
 delivered again, so a message loses one delivery to it (two where its last beat before
-the stop came late). A request that lived longer took
-redeliveries in turn with the live holders' requests, each lapsing unread, until a
-message ran out of deliveries.
+the stop came late). A request that lived longer took redeliveries in turn with the
+live holders' requests, each lapsing unread, until a message ran out of deliveries.
 
 Pulls that share one ``Arrivals`` are read together: one wait for whatever any of them
 delivered, so a reader of many consumers (a parser's partitions, each given a message
@@ -103,7 +102,9 @@ class ContinuousPull:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._batch = batch
-        self._expires_s = expires_s if expires_s is not None else EXPIRES_S if held is None else HELD_EXPIRES_S
+        if expires_s is None:
+            expires_s = EXPIRES_S if held is None else HELD_EXPIRES_S
+        self._expires_s = expires_s
         self._subscription: Subscription | None = None
         self._inbox = ""
         self._requests_sent = 0

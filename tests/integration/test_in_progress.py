@@ -55,12 +55,7 @@ async def received(feed: ContinuousPull, count: int) -> list:
 async def test_held_messages_stay_and_released_ones_come_back_within_the_ack_wait(holder):
     js, subject, held, feed, _ = holder
 
-    async def beating() -> None:
-        while True:
-            await asyncio.sleep(BEAT_S)
-            await held.beat()
-
-    beats = asyncio.create_task(beating())
+    beats = asyncio.create_task(held.keep())
     try:
         for n in range(3):
             await js.publish(subject, f"m{n}".encode())
