@@ -51,8 +51,7 @@ def stack_streams(names: Names) -> dict[str, str]:
     token streams, and those behind its KV buckets and object stores."""
     prefix = f"{names.namespace}_"
     streams = {"gen": names.gen_stream, "tokens": names.tokens_stream}
-    for bucket in (names.cancel_bucket, names.workers_bucket, names.followers_bucket, names.parser_leases_bucket,
-                   names.parsers_bucket, names.affinity_leases_bucket, names.affinity_holders_bucket):
+    for bucket in names.buckets:
         streams[f"kv:{bucket.removeprefix(prefix)}"] = f"KV_{bucket}"
     for store in (names.requests_store, names.model_files_store):
         streams[f"objects:{store.removeprefix(prefix)}"] = f"OBJ_{store}"

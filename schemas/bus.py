@@ -297,6 +297,18 @@ class CancelOrder(BaseModel):
     response_id: str
 
 
+class Takeover(BaseModel):
+    """The value of a response's key in the takeovers bucket: the attempt that took its
+    generation over from an earlier one whose worker stopped beating for it (frozen,
+    paused by its host). Every worker watches the bucket; one still generating an
+    earlier attempt of the response stops it, since the parser drops what it publishes
+    after the later attempt's first batch."""
+
+    v: Literal[1] = 1
+    response_id: str
+    attempt: int
+
+
 class WorkerRegistration(BaseModel):
     """The value of a model's key in the worker registry, refreshed by every worker that
     serves the model: the API renders that model's requests in ``dialect`` and refuses

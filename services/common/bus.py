@@ -8,7 +8,8 @@ Subjects (``ns`` is the deployment namespace):
                                            not set to a count takes and one set to another refuses)
   ``ns.events.<origin>``                   AnnouncedEvents, core NATS (``origin``: an API process; the
                                            responses it made and those it follows)
-KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_workers`` (WorkerRegistration per
+KV buckets: ``ns_cancel`` (CancelOrder per response), ``ns_takeovers`` (Takeover per
+response taken over by a later attempt), ``ns_workers`` (WorkerRegistration per
 model), ``ns_followers`` (API processes following responses made elsewhere, key
 ``<response_id>.<origin>``), ``ns_parser_leases`` and ``ns_parsers`` (token partitions' holders),
 ``ns_affinity_leases`` and ``ns_affinity_holders`` (each model's affinity shards' workers).
@@ -66,6 +67,8 @@ DUPLICATE_WINDOW_S = 120
 WORK_DUPLICATE_WINDOW_S = 600
 # A cancel flag outlives any request that could still be waiting in the queue.
 CANCEL_FLAG_TTL_S = 24 * 3600
+# An earlier attempt is worth stopping for as long as its output could still be read.
+TAKEOVER_TTL_S = TOKENS_MAX_AGE_S
 # Workers refresh their model's registration this often; it lapses after the TTL.
 WORKER_REGISTRATION_EVERY_S = 3.0
 WORKER_REGISTRATION_TTL_S = 10.0
@@ -187,6 +190,10 @@ class Names:
         return f"{self.namespace}_cancel"
 
     @property
+    def takeovers_bucket(self) -> str:
+        return f"{self.namespace}_takeovers"
+
+    @property
     def workers_bucket(self) -> str:
         return f"{self.namespace}_workers"
 
@@ -209,6 +216,13 @@ class Names:
     @property
     def affinity_holders_bucket(self) -> str:
         return f"{self.namespace}_affinity_holders"
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        """Every KV bucket of the namespace."""
+        return (self.cancel_bucket, self.takeovers_bucket, self.workers_bucket, self.followers_bucket,
+                self.parser_leases_bucket, self.parsers_bucket, self.affinity_leases_bucket,
+                self.affinity_holders_bucket)
 
     @property
     def requests_store(self) -> str:
@@ -415,6 +429,11 @@ async def cancel_flags(js: JetStreamContext, names: Names) -> KeyValue:
     return await kv_bucket(js, names.cancel_bucket, CANCEL_FLAG_TTL_S, names.replicas)
 
 
+async def takeover_records(js: JetStreamContext, names: Names) -> KeyValue:
+    """Responses whose generation a later attempt took over (key: response id)."""
+    return await kv_bucket(js, names.takeovers_bucket, TAKEOVER_TTL_S, names.replicas)
+
+
 async def worker_registry(js: JetStreamContext, names: Names) -> KeyValue:
     """Models some live worker serves (key: model token), refreshed by the workers."""
     return await kv_bucket(js, names.workers_bucket, WORKER_REGISTRATION_TTL_S, names.replicas)
@@ -459,8 +478,7 @@ async def remove_namespace(js: JetStreamContext, names: Names) -> None:
     for stream in (names.gen_stream, names.tokens_stream, names.exhausted_work_stream):
         with suppress(Exception):
             await js.delete_stream(stream)
-    for bucket in (names.cancel_bucket, names.workers_bucket, names.followers_bucket, names.parser_leases_bucket,
-                   names.parsers_bucket, names.affinity_leases_bucket, names.affinity_holders_bucket):
+    for bucket in names.buckets:
         with suppress(Exception):
             await js.delete_key_value(bucket)
     for store in (names.requests_store, names.model_files_store):

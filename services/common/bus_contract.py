@@ -33,6 +33,7 @@ from steno.schemas.bus import (
     GenerationRequest,
     GenerationWork,
     MaxDeliveriesAdvisory,
+    Takeover,
     TokenBatchGroup,
     TokenStreamMessage,
     WorkerRegistration,
@@ -43,6 +44,7 @@ from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
     DUPLICATE_WINDOW_S,
     FOLLOW_TTL_S,
+    TAKEOVER_TTL_S,
     TOKENS_MAX_AGE_S,
     WORK_DUPLICATE_WINDOW_S,
     WORKER_REGISTRATION_TTL_S,
@@ -92,6 +94,7 @@ class BusMessages:
     token_batch_group: type[BaseModel] = TokenBatchGroup
     announced_events: type[BaseModel] = AnnouncedEvents
     cancel_order: type[BaseModel] = CancelOrder
+    takeover: type[BaseModel] = Takeover
     worker_registration: type[BaseModel] = WorkerRegistration
     stored_request: type[BaseModel] = GenerationRequest
     model_files: type[BaseModel] = ChatTemplateFiles
@@ -227,6 +230,14 @@ def channels(namespace: str, messages: BusMessages) -> list[Channel]:
             "The response's cancellation was asked for.",
             publishers=("api",), bucket=kv(names.cancel_bucket, CANCEL_FLAG_TTL_S, "{response_id}"),
             receivers=(Receiver("worker", f"$KV.{names.cancel_bucket}.>", "Every worker watches the bucket "
+                                "into memory (kv_mirror)."),),
+        ),
+        Channel(
+            "takeovers", f"$KV.{names.takeovers_bucket}.{{response_id}}", messages.takeover,
+            "A later attempt took the response's generation over (its request redelivered after the worker of "
+            "an earlier one stopped beating for it); a worker still generating an earlier attempt stops it.",
+            publishers=("worker",), bucket=kv(names.takeovers_bucket, TAKEOVER_TTL_S, "{response_id}"),
+            receivers=(Receiver("worker", f"$KV.{names.takeovers_bucket}.>", "Every worker watches the bucket "
                                 "into memory (kv_mirror)."),),
         ),
         Channel(

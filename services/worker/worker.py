@@ -13,7 +13,9 @@ per shard held can start beyond ``concurrency``. While a request
 is held the worker heartbeats it (in-progress acks); it acks only after the last batch,
 which carries the attempt's end, is stored in the TOKENS stream, so a worker that dies
 mid-generation has its request redelivered. The delivery count is the attempt number; a later
-attempt reads what earlier ones published and continues from there."""
+attempt records its takeover (the takeovers bucket), reads what earlier ones published and
+continues from there, and a worker still generating an earlier attempt (frozen past its ack
+wait, then thawed) stops it when it hears of the takeover."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 
 from steno.schemas.bus import (
     ChatTemplateFiles,
@@ -39,6 +42,7 @@ from steno.schemas.bus import (
     MaxDeliveriesAdvisory,
     QueueCheck,
     StoredGenerationRequest,
+    Takeover,
     TokenBatch,
     WorkerRegistration,
     generation_work,
@@ -47,6 +51,7 @@ from steno.schemas.bus import (
 from steno.services.common import logs
 from steno.services.common.bus import (
     CANCEL_FLAG_TTL_S,
+    TAKEOVER_TTL_S,
     WORK_DUPLICATE_WINDOW_S,
     WORKER_REGISTRATION_EVERY_S,
     Names,
@@ -58,6 +63,7 @@ from steno.services.common.bus import (
     model_token,
     patiently,
     request_store,
+    takeover_records,
     worker_registry,
 )
 from steno.services.common.continuous_pull import ContinuousPull, Credits, deliveries
@@ -108,6 +114,8 @@ class _AttemptOutput:
 
     batches: int = 0
     tokens: int = 0
+    # The later attempt that took the response over while this one ran.
+    superseded_by: int | None = None
 
 
 class GenerationWorker:
@@ -161,8 +169,9 @@ class GenerationWorker:
         self._keepalive_s = keepalive_s
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
-        # response id -> engine request id, for the requests generating here now
-        self._running: dict[str, str] = {}
+        # The attempts generating here now, by response id and attempt (two attempts of a
+        # response meet on a worker whose stop outlasted the ack wait).
+        self._running: dict[str, dict[int, _AttemptOutput]] = {}
         # Levels read when scraped; the counters' children are bound once, off the token path.
         IN_FLIGHT.labels(model).set_function(lambda: len(self._tasks))
         FREE_SLOTS.labels(model).set_function(lambda: max(0, self._credits.count))
@@ -201,6 +210,10 @@ class GenerationWorker:
         self._cancels = KvMirror(await cancel_flags(self._js, names), names.cancel_bucket, CANCEL_FLAG_TTL_S,
                                  on_put=self._on_cancel)
         await self._cancels.start()
+        self._takeover_records = await takeover_records(self._js, names)
+        self._takeovers = KvMirror(self._takeover_records, names.takeovers_bucket, TAKEOVER_TTL_S,
+                                   on_put=self._on_takeover)
+        await self._takeovers.start()
         registration = asyncio.create_task(self._register())
         cancel_checks = asyncio.create_task(self._check_cancels())
         # Keeps every request held here ours, from its delivery (reading the request and
@@ -218,6 +231,7 @@ class GenerationWorker:
             await self._feed.stop()
             await self._hand_shards_on()
             await self._cancels.stop()
+            await self._takeovers.stop()
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stops taking work and waits for what is in flight, at most ``drain_timeout_s``;
@@ -245,9 +259,22 @@ class GenerationWorker:
             await asyncio.sleep(WORKER_REGISTRATION_EVERY_S)
 
     async def _on_cancel(self, response_id: str, _: bytes) -> None:
-        engine_request_id = self._running.get(response_id)
-        if engine_request_id is not None:
-            await self._engine.abort(engine_request_id)
+        for attempt in list(self._running.get(response_id, ())):
+            await self._engine.abort(engine_request_id(response_id, attempt))
+
+    async def _on_takeover(self, response_id: str, value: bytes) -> None:
+        """Stops the attempts of the response generating here before the one that took it
+        over: what they publish from now on is dropped by the parser, and their ack would
+        settle the later attempt's delivery too."""
+        try:
+            taken = Takeover.model_validate_json(value)
+        except ValidationError:
+            log.warning("an unreadable takeover of %s is ignored", response_id)
+            return
+        for attempt, out in list(self._running.get(response_id, {}).items()):
+            if attempt < taken.attempt and out.superseded_by is None:
+                out.superseded_by = taken.attempt
+                await self._engine.abort(engine_request_id(response_id, attempt))
 
     async def _hand_shards_on(self) -> None:
         """Stops pulling the affinity shards and frees their leases for the other workers
@@ -327,15 +354,23 @@ class GenerationWorker:
         several at a time, and aborts those whose flag the watcher missed."""
         while True:
             await asyncio.sleep(CANCEL_CHECK_S)
-            running = list(self._running.items())
+            running = list(self._running)
             for start in range(0, len(running), CANCEL_READS_AT_ONCE):
-                await asyncio.gather(*(self._abort_if_cancelled(*request)
-                                       for request in running[start:start + CANCEL_READS_AT_ONCE]))
+                await asyncio.gather(*(self._abort_if_cancelled(response_id)
+                                       for response_id in running[start:start + CANCEL_READS_AT_ONCE]))
 
-    async def _abort_if_cancelled(self, response_id: str, engine_request_id: str) -> None:
+    async def _abort_if_cancelled(self, response_id: str) -> None:
         with suppress(Exception):
-            if await self._cancels.fetch(response_id) is not None:
-                await self._engine.abort(engine_request_id)
+            if (order := await self._cancels.fetch(response_id)) is not None:
+                await self._on_cancel(response_id, order)
+
+    async def _record_takeover(self, response_id: str, attempt: int) -> None:
+        try:
+            await self._takeover_records.put(
+                response_id, Takeover(response_id=response_id, attempt=attempt).model_dump_json().encode())
+        except Exception:
+            log.warning("%s attempt %d: its takeover could not be recorded; an earlier attempt still running goes on "
+                        "to its end", response_id, attempt, exc_info=True)
 
     async def _publish(self, subject: str, body: bytes, msg_id: str, context: dict[str, str] | None = None) -> None:
         """Publishes to JetStream, riding out a NATS restart; the message id makes a
@@ -510,6 +545,11 @@ class GenerationWorker:
         # then stays off the token stream (the parser reads it from Postgres instead).
         seeded = isinstance(work, GenerationRequest)
         subject = self._names.tokens_subject(rid)
+        if attempt > 0:
+            # Before reading what came before: an earlier attempt still running stops
+            # publishing sooner, and what it publishes between the read and this attempt's
+            # first batch would fail the response.
+            await self._record_takeover(rid, attempt)
         prior = (await read_prior_output(self._js, self._names, rid, since=msg.metadata.timestamp) if attempt > 0
                  else PriorOutput())
         if prior.ended:
@@ -568,17 +608,26 @@ class GenerationWorker:
         elif sampling.max_tokens is not None and sampling.max_tokens <= 0:
             finish = "length"
         else:
-            engine_request_id = f"{rid}:{attempt}"
-            self._running[rid] = engine_request_id
+            running = self._running.setdefault(rid, {})
+            running[attempt] = out
             try:
-                outputs = self._engine.generate(engine_request_id, request.prompt_token_ids, sampling, prior.token_ids)
+                outputs = self._engine.generate(engine_request_id(rid, attempt), request.prompt_token_ids, sampling,
+                                                prior.token_ids)
                 last, tail = await coalesce(
                     outputs, publish_batch, self._window, self._batch_max_tokens, self._keepalive_s
                 )
             except EngineError as exc:
                 error = exc
             finally:
-                self._running.pop(rid, None)
+                del running[attempt]
+                if not running and self._running.get(rid) is running:
+                    del self._running[rid]
+            if out.superseded_by is not None:
+                # Its end would be dropped, and its ack would settle the later attempt's
+                # delivery: that attempt ends the response.
+                log.info("%s attempt %d: stopped, attempt %d took it over", rid, attempt, out.superseded_by)
+                GENERATIONS.labels(self._model, "superseded").inc()
+                return
             finish = "error" if error is not None else (last.finish_reason if last and last.finish_reason else "stop")
         # The last batch carries the attempt's end: one message, one commit, one ack less.
         ended = GenerationEnded(
@@ -613,3 +662,7 @@ class GenerationWorker:
         level = logging.DEBUG if attempt == 0 and finish in ("stop", "length") else logging.INFO
         log.log(level, "%s attempt %d: %s, %d tokens in %.3fs", rid, attempt, finish,
                 out.tokens - len(prior.token_ids), time.monotonic() - started)
+
+
+def engine_request_id(response_id: str, attempt: int) -> str:
+    return f"{response_id}:{attempt}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import openai
 import pytest
 from jsonschema import Draft202012Validator
 
+from steno.infra.processes import Stack
 from steno.services.common.bus_contract import asyncapi_document, channels_of
 from tests.conftest import SLOW_MODEL, separate_stack, stepping_together_in_one_partition
 
@@ -81,6 +83,23 @@ async def serve_a_mix(client: openai.AsyncOpenAI, elsewhere: openai.AsyncOpenAI,
     assert (await client.responses.cancel(job.id)).status == "cancelled"
 
 
+async def taken_over(client: openai.AsyncOpenAI, stack: Stack) -> None:
+    """A response whose worker is killed mid-generation, continued by another: the
+    second attempt records its takeover."""
+    job = await client.responses.create(model=SLOW_MODEL, input="take me over " * 20, background=True)
+    deadline = time.monotonic() + 30
+    while not (await client.responses.retrieve(job.id)).output:
+        assert time.monotonic() < deadline, "the background response never started"
+        await asyncio.sleep(0.1)
+    next(process for process in stack.processes if process.name == "worker-slow").stop(signal.SIGKILL)
+    stack.add("worker-slow-2", "worker", "--model", SLOW_MODEL, "--sim-tokens-per-s", "25")
+    deadline = time.monotonic() + 60
+    while (await client.responses.retrieve(job.id)).status == "in_progress":
+        assert time.monotonic() < deadline, "nothing continued the response"
+        await asyncio.sleep(0.2)
+    assert (await client.responses.retrieve(job.id)).status == "completed"
+
+
 def violations(document: dict[str, Any], message: Captured) -> list[str]:
     """What is wrong with one message by the document: no channel or several, or a body
     that is not the channel's message."""
@@ -123,6 +142,7 @@ async def test_everything_the_services_publish_is_a_message_of_the_contract(cont
         await nc.subscribe("$KV.>", cb=capture)
         await served_models(client, {MODEL, SLOW_MODEL})
         await serve_a_mix(client, elsewhere, contract_stack.settings.token_partitions)
+        await taken_over(client, contract_stack)
         # JetStream's own advisories come from a request's failures, not from this mix
         # (tests/integration/test_worker_liveness.py reads one).
         every_channel = {key for key, channel in document["channels"].items()

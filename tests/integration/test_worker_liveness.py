@@ -1,9 +1,10 @@
 """A live worker keeps the requests it holds for as long as it generates them: its
 heartbeats hold off redelivery however many ack waits a generation lasts, and however
 slow the bus answers its other reads, so another worker never takes a live one's
-request over; one frozen past its ack wait leaves the request to the worker that took
-it over. A request that fails on every delivery ends visibly, and so does one whose every
-delivery went to a worker that stopped with it."""
+request over; one frozen past its ack wait, thawed, stops its attempt as it hears of the
+worker that took the request over, and leaves the request to it. A request that fails
+on every delivery ends visibly, and so does one whose every delivery went to a worker
+that stopped with it."""
 
 import asyncio
 import contextlib
@@ -179,9 +180,19 @@ async def test_a_request_that_fails_on_every_delivery_ends_visibly(settings):
         assert prior.token_ids == []
 
 
+def served_one_at_a_time(stack: Stack, metrics_port: int) -> tuple[ServiceProcess, openai.OpenAI]:
+    """A parser, a worker generating one request at a time at 8 tokens/s (returned), its
+    metrics on ``metrics_port``, and an API process."""
+    stack.add("parser", "parser")
+    worker = stack.add("worker-1", "worker", "--model", MODEL, "--sim-tokens-per-s", "8", "--concurrency", "1",
+                       "--metrics-port", str(metrics_port))
+    stack.add_api()
+    return worker, openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+
+
 def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_took_it_over(settings, tmp_path):
     """The first worker is frozen mid-generation, so the request goes to a second; that one
-    is frozen in turn and the first, thawed, ends its own attempt. Its ack would settle
+    is frozen in turn and the first, thawed, ends its own attempt (superseded). Its ack would settle
     the request for good (JetStream takes an ack from any delivery), so when the second
     then dies nothing would continue the response: the first leaves it unacked, and the
     request comes back to it to continue from where the second stopped."""
@@ -189,11 +200,7 @@ def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_to
     frozen: list = []
     with separate_stack(settings, "frozen", tmp_path) as stack:
         try:
-            stack.add("parser", "parser")
-            first = stack.add("worker-1", "worker", "--model", MODEL, "--sim-tokens-per-s", "8",
-                              "--concurrency", "1", "--metrics-port", str(metrics_port))
-            stack.add_api()
-            client = openai.OpenAI(base_url=stack.base_url, api_key=stack.keys["a"], max_retries=0)
+            first, client = served_one_at_a_time(stack, metrics_port)
             prompt = "continue this one " * 12
             created = started_in_background(client, MODEL, prompt)
             frozen_and_taken_over(stack, client, created.id, first, metrics_port, frozen)
@@ -212,6 +219,51 @@ def test_a_worker_frozen_past_its_ack_wait_leaves_the_request_to_the_one_that_to
         finally:
             for process in frozen:
                 os.kill(process.pid, signal.SIGCONT)
+
+
+def test_a_worker_thawed_after_its_request_was_taken_over_stops_generating_it(settings, tmp_path):
+    """Frozen past its ack wait, the first worker loses the request to a second, which
+    records its takeover. Thawed, the first stops its attempt as the takeover reaches it
+    (its engine's work would be thrown away, and the parser would drop what it publishes),
+    well before the response ends, and publishes no end of it: the second ends the
+    response alone, whole."""
+    first_port, second_port = free_port(), free_port()
+    with separate_stack(settings, "superseded", tmp_path) as stack:
+        first, client = served_one_at_a_time(stack, first_port)
+        prompt = "stop when taken over " * 24
+        created = started_in_background(client, MODEL, prompt)
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            stack.add("worker-2", "worker", "--model", MODEL, "--sim-tokens-per-s", "8", "--concurrency", "1",
+                      "--metrics-port", str(second_port))
+            deadline = time.monotonic() + 30
+            while len(asyncio.run(attempts_stored(stack.settings.database_url, created.id))) < 2:
+                assert time.monotonic() < deadline, "the second worker never took the request over"
+                time.sleep(0.1)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while (first_metrics := scrape(f"http://127.0.0.1:{first_port}"))[
+                ("steno_worker_in_flight", frozenset({("model", MODEL)}))] > 0:
+            assert time.monotonic() < deadline, "the first worker went on generating the request"
+            time.sleep(0.1)
+        assert client.responses.retrieve(created.id).status == "in_progress"  # stopped before the end
+        assert value(first_metrics, "steno_generations_total") == 1
+        assert value(first_metrics, "steno_generations_total", finish_reason="superseded") == 1
+
+        deadline = time.monotonic() + 60
+        while (final := client.responses.retrieve(created.id)).status == "in_progress":
+            assert time.monotonic() < deadline, "the second worker never ended the response"
+            time.sleep(0.2)
+        assert final.status == "completed"
+        # The simulator echoes the first 400 characters: a reply that outlasts the stop.
+        assert final.output_text == "Steno simulator reply: " + " ".join(prompt.split())[:400]
+        with client.responses.stream(response_id=created.id) as stream:
+            events = list(stream)
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert asyncio.run(attempts_stored(stack.settings.database_url, created.id)) == [0, 1]
+        assert value(scrape(f"http://127.0.0.1:{second_port}"), "steno_generations_total", finish_reason="stop") == 1
+        assert value(scrape(f"http://127.0.0.1:{first_port}"), "steno_generations_total") == 1
 
 
 def served_by_one_worker(stack: Stack) -> tuple[ServiceProcess, openai.OpenAI]:

@@ -87,6 +87,7 @@ RESPONSE_ID = "resp_0123abcd" + "0" * 40
     NAMES.events_subject("0123abcd"),
     f"$KV.{NAMES.followers_bucket}.{RESPONSE_ID}.0123abcd",
     f"$KV.{NAMES.cancel_bucket}.{RESPONSE_ID}",
+    f"$KV.{NAMES.takeovers_bucket}.{RESPONSE_ID}",
     f"$KV.{NAMES.workers_bucket}.gpt-oss-20b",
     f"$KV.{NAMES.parser_leases_bucket}.p3",
     f"$KV.{NAMES.parsers_bucket}.host.example-123-a1b2c3",
@@ -107,10 +108,7 @@ def test_every_stream_consumer_bucket_and_store_is_documented():
     facts = [channel["x-steno"] for channel in document["channels"].values()]
     assert {fact["stream"]["name"] for fact in facts if "stream" in fact} == {
         NAMES.gen_stream, NAMES.tokens_stream, NAMES.exhausted_work_stream}
-    assert {fact["bucket"]["name"] for fact in facts if "bucket" in fact} == {
-        NAMES.cancel_bucket, NAMES.workers_bucket, NAMES.followers_bucket, NAMES.parser_leases_bucket,
-        NAMES.parsers_bucket,
-        NAMES.affinity_leases_bucket, NAMES.affinity_holders_bucket}
+    assert {fact["bucket"]["name"] for fact in facts if "bucket" in fact} == set(NAMES.buckets)
     assert set(document["x-steno-object-stores"]) == {NAMES.requests_store, NAMES.model_files_store}
     consumers = [template_pattern(receiver["consumer"]) for receiver in receivers(document)
                  if receiver.get("consumer", "(ephemeral)") != "(ephemeral)"]
