@@ -9,8 +9,10 @@ longest pause each stream saw (the largest gap between two events it received) a
 takeovers: partitions or affinity shards acquired from another holder and generation
 requests taken up again, counted by the parsers' and workers' own metrics from the
 failure on. "worker-freeze" and "parser-freeze" stop a process for longer than a stream
-lasts and wake it. Under "cpu-hog" (a busy loop on every core for a few seconds, every process
-alive) a takeover is a live process's work taken from it, and fails the trial.
+lasts and wake it; "worker-thaw" stops a worker past its ack wait and wakes it while its
+streams go on elsewhere, and each attempt taken from it must stop as it wakes. Under
+"cpu-hog" (a busy loop on every core for a few seconds, every process alive) a takeover
+is a live process's work taken from it, and fails the trial.
 
     python -m tests.fault.suite                       # every failure, 3 trials, 16 streams
     python -m tests.fault.suite --trials 1 --streams 6 --failures worker,parser
@@ -45,20 +47,25 @@ from steno.services.common.config import ApiSettings, Settings
 from steno.services.common.migrate import ensure_database, upgrade
 from tests.fault.infra import Nats, Postgres
 
-FAILURES = ["worker", "parser", "api", "worker-freeze", "parser-freeze", "nats-restart", "nats-node", "postgres",
-            "poison", "poisoned-output", "cpu-hog"]
+FAILURES = ["worker", "parser", "api", "worker-freeze", "parser-freeze", "worker-thaw", "nats-restart", "nats-node",
+            "postgres", "poison", "poisoned-output", "cpu-hog"]
 # Failures that kill nothing: any takeover during them took work from a live process.
 NOTHING_DIES = {"cpu-hog"}
-# A process stopped (SIGSTOP: a paused host or container) longer than any stream lasts,
-# then woken: its work goes on elsewhere meanwhile, and it must not spoil it on waking.
-FREEZES = {"worker-freeze": "worker", "parser-freeze": "parser"}
-FREEZE_S = 8.0
+# A process stopped (SIGSTOP: a paused host or container) for this long, then woken: its
+# work goes on elsewhere meanwhile, and it must not spoil it on waking. Longer than any
+# stream lasts; or ("worker-thaw") past the ack wait and woken mid-stream, when the worker
+# must stop each attempt a later one took over.
+FREEZES = {"worker-freeze": ("worker", 8.0), "parser-freeze": ("parser", 8.0), "worker-thaw": ("worker", 2.0)}
 # The busy loop "cpu-hog" runs on every core, each process ending by itself.
 HOG_S = 8.0
 BUSY_LOOP = f"import time\nend = time.monotonic() + {HOG_S}\nwhile time.monotonic() < end:\n    pass\n"
 # What the parsers and workers count when they take work over (services/common/metrics.py).
 TAKEOVER_METRICS = ("steno_partitions_taken_over_total", "steno_work_redelivered_total")
 MODEL = "steno-fault"
+# The requests workers took up again, and the attempts they stopped because another
+# worker took them up again.
+ATTEMPT_METRICS = ("steno_work_redelivered_total",
+                   f'steno_generations_total{{finish_reason="superseded",model="{MODEL}"}}')
 # When a failure comes, in seconds after the clients start (the streams last about 4.5 s).
 # A poisoned batch that breaks the parser fails its response on its fourth delivery,
 # about 2 s after the first (the parser's retry backoff): injected later, it could see
@@ -205,10 +212,11 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
         if failure == "api":
             await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{victim.argv[-1]}", victim)
     elif failure in FREEZES:
-        victim = rng.choice([p for p in env_stack.processes if p.name.startswith(FREEZES[failure])])
+        kind, frozen_s = FREEZES[failure]
+        victim = rng.choice([p for p in env_stack.processes if p.name.startswith(kind)])
         os.kill(victim.pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(FREEZE_S)
+            await asyncio.sleep(frozen_s)
         finally:
             os.kill(victim.pid, signal.SIGCONT)
     elif failure == "nats-restart":
@@ -236,9 +244,11 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
     return None
 
 
-async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int]) -> list[float]:
-    """Each parser's and worker's takeovers so far, read from its metrics endpoint (0 for
-    one that does not answer: it was killed and is starting again)."""
+async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int],
+                          metrics: tuple[str, ...] = TAKEOVER_METRICS) -> list[float]:
+    """Each parser's and worker's takeovers so far (or what ``metrics`` count), read from
+    its metrics endpoint (0 for one that does not answer: it was killed and is starting
+    again)."""
     counts = []
     for port in metrics_ports:
         try:
@@ -247,7 +257,7 @@ async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int]) -> 
             counts.append(0.0)
             continue
         counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                          if line.startswith(TAKEOVER_METRICS)))
+                          if line.startswith(metrics)))
     return counts
 
 
@@ -362,11 +372,17 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
             records_so_far = [StreamRecord(response_id=r) for r in await _created(settings)]
         async with httpx.AsyncClient(timeout=5) as http:
             counted_before = await takeover_counts(http, metrics_ports)
+            attempts_before = [await takeover_counts(http, metrics_ports, (metric,)) for metric in ATTEMPT_METRICS]
             expected = await inject(failure, stack, bus, pg, records_so_far, rng)
             records = await asyncio.gather(*clients)
             result.takeovers = takeovers_between(counted_before, await takeover_counts(http, metrics_ports))
+            redelivered, superseded = [takeovers_between(before, await takeover_counts(http, metrics_ports, (metric,)))
+                                       for before, metric in zip(attempts_before, ATTEMPT_METRICS, strict=True)]
         if failure in NOTHING_DIES and result.takeovers:
             result.mismatches.append(f"{result.takeovers} takeovers of work from live processes")
+        if failure == "worker-thaw" and superseded != redelivered:
+            result.mismatches.append(f"{redelivered} requests taken over from the thawed worker, {superseded} of its "
+                                     "attempts stopped")
         await check(stack, records, expected, result)
     finally:
         stack.stop()
