@@ -244,11 +244,11 @@ async def inject(failure: str, stack: Stack, bus: Nats, pg: Postgres, records: l
     return None
 
 
-async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int],
-                          metrics: tuple[str, ...] = TAKEOVER_METRICS) -> list[float]:
-    """Each parser's and worker's takeovers so far (or what ``metrics`` count), read from
-    its metrics endpoint (0 for one that does not answer: it was killed and is starting
-    again)."""
+async def metric_sums(http: httpx.AsyncClient, metrics_ports: list[int],
+                      metrics: tuple[str, ...] = TAKEOVER_METRICS) -> list[float]:
+    """Each parser's and worker's samples of ``metrics`` (its takeovers, unless told)
+    summed, read from its metrics endpoint (0 for one that does not answer: it was killed
+    and is starting again)."""
     counts = []
     for port in metrics_ports:
         try:
@@ -261,8 +261,9 @@ async def takeover_counts(http: httpx.AsyncClient, metrics_ports: list[int],
     return counts
 
 
-def takeovers_between(before: list[float], after: list[float]) -> int:
-    """A process whose count went down was restarted: all it counts happened since."""
+def increase(before: list[float], after: list[float]) -> int:
+    """How much the counts grew; a process whose count went down was restarted: all it
+    counts happened since."""
     return round(sum(a - b if a >= b else a for b, a in zip(before, after)))
 
 
@@ -371,12 +372,12 @@ async def run_trial(failure: str, trial: int, streams: int, work: Path, pg: Post
             await asyncio.sleep(0.1)
             records_so_far = [StreamRecord(response_id=r) for r in await _created(settings)]
         async with httpx.AsyncClient(timeout=5) as http:
-            counted_before = await takeover_counts(http, metrics_ports)
-            attempts_before = [await takeover_counts(http, metrics_ports, (metric,)) for metric in ATTEMPT_METRICS]
+            counted_before = await metric_sums(http, metrics_ports)
+            attempts_before = [await metric_sums(http, metrics_ports, (metric,)) for metric in ATTEMPT_METRICS]
             expected = await inject(failure, stack, bus, pg, records_so_far, rng)
             records = await asyncio.gather(*clients)
-            result.takeovers = takeovers_between(counted_before, await takeover_counts(http, metrics_ports))
-            redelivered, superseded = [takeovers_between(before, await takeover_counts(http, metrics_ports, (metric,)))
+            result.takeovers = increase(counted_before, await metric_sums(http, metrics_ports))
+            redelivered, superseded = [increase(before, await metric_sums(http, metrics_ports, (metric,)))
                                        for before, metric in zip(attempts_before, ATTEMPT_METRICS, strict=True)]
         if failure in NOTHING_DIES and result.takeovers:
             result.mismatches.append(f"{result.takeovers} takeovers of work from live processes")
